@@ -1,0 +1,793 @@
+"""Bring the local stack up and down without Docker.
+
+The local stack is the same four components `docker-compose.yml` runs from images —
+PostgreSQL (logical WAL), a KRaft Kafka broker, Kafka Connect with the Debezium
+PostgreSQL connector, and Apicurio Registry (Confluent-compatible API, PostgreSQL
+storage) — run as plain processes under supervisord. The JVM parts come from Maven
+Central (``infra/local/pom.xml``), PostgreSQL from Debian's packages.
+
+Usage::
+
+    python infra/local/stackctl.py up|down|reset|status [--json]
+
+``up`` is idempotent (a healthy stack is left alone) and waits on real health
+checks; ``down`` keeps data; ``reset`` wipes it. Connection settings land in one env
+file (``.stack/stack.env``) that the Makefile, services and tests read.
+
+Every failure names the component, the port or tool, and the log file to read, and
+exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOCAL_DIR = Path(__file__).resolve().parent
+STACK_HOME = Path(os.environ.get("FLOTILLA_STACK_HOME", REPO_ROOT / ".stack")).resolve()
+DIST = STACK_HOME / "dist"
+DATA = STACK_HOME / "data"
+LOGS = STACK_HOME / "logs"
+RUN = STACK_HOME / "run"
+ENV_FILE = STACK_HOME / "stack.env"
+
+PG_USER = "flotilla"
+PG_PASSWORD = "flotilla"  # loopback-only development cluster; never a production secret
+PG_DATABASES = ("flotilla", "registry")
+
+# JVM heaps for a 2-core, 24 GB machine running all four parts plus the fleet.
+KAFKA_HEAP = "-Xms256m -Xmx1g"
+CONNECT_HEAP = "-Xms256m -Xmx1g"
+REGISTRY_HEAP = "-Xms128m -Xmx768m"
+JVM_COMMON = "-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:ActiveProcessorCount=2 -Djava.awt.headless=true"
+
+TOPICS = {
+    # name: (partitions, extra config). The DLQs keep 14 days so an operator has time
+    # to inspect and re-queue; the work topics keep Kafka's default.
+    "incidents": (6, {}),
+    "commands": (6, {}),
+    "incidents.dlq": (3, {"retention.ms": str(14 * 24 * 3600 * 1000)}),
+    "commands.dlq": (3, {"retention.ms": str(14 * 24 * 3600 * 1000)}),
+}
+GLOBAL_COMPATIBILITY = "BACKWARD"
+
+UP_TIMEOUT_S = float(os.environ.get("FLOTILLA_STACK_TIMEOUT", "240"))
+
+
+class StackError(RuntimeError):
+    """A failure the operator can act on; the message says what and where."""
+
+
+def _port(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+PORTS = {
+    "postgres": _port("FLOTILLA_PG_PORT", 55432),
+    "kafka": _port("FLOTILLA_KAFKA_PORT", 19092),
+    "kafka-controller": _port("FLOTILLA_KAFKA_CONTROLLER_PORT", 19093),
+    "registry": _port("FLOTILLA_REGISTRY_PORT", 18081),
+    # Quarkus serves health on a separate management port (9000 on every interface by
+    # default); pin it to loopback and to our own range.
+    "registry-management": _port("FLOTILLA_REGISTRY_MANAGEMENT_PORT", 18091),
+    "connect": _port("FLOTILLA_CONNECT_PORT", 18083),
+}
+HOST = "127.0.0.1"
+# A unix socket path must stay under ~100 bytes, so it lives in /tmp named by a digest
+# of the stack home (several checkouts can each run a stack, on different ports).
+SUPERVISOR_SOCK = Path("/tmp") / f"flotilla-supervisor-{hashlib.sha1(str(STACK_HOME).encode()).hexdigest()[:10]}.sock"
+
+
+def stack_env() -> dict[str, str]:
+    """The connection settings every tool, service and test reads."""
+    return {
+        "FLOTILLA_STACK": "local",
+        "FLOTILLA_KAFKA_BOOTSTRAP": f"{HOST}:{PORTS['kafka']}",
+        "FLOTILLA_SCHEMA_REGISTRY_URL": f"http://{HOST}:{PORTS['registry']}/apis/ccompat/v7",
+        "FLOTILLA_CONNECT_URL": f"http://{HOST}:{PORTS['connect']}",
+        "FLOTILLA_PG_HOST": HOST,
+        "FLOTILLA_PG_PORT": str(PORTS["postgres"]),
+        "FLOTILLA_PG_USER": PG_USER,
+        "FLOTILLA_PG_PASSWORD": PG_PASSWORD,
+        "FLOTILLA_PG_DATABASE": "flotilla",
+        "FLOTILLA_PG_DSN": f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{PORTS['postgres']}/flotilla",
+    }
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _say(msg: str) -> None:
+    print(f"[stack] {msg}", flush=True)
+
+
+def _run(cmd: list[str], *, what: str, log: Path | None = None, **kw: object) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        if log:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(proc.stdout + proc.stderr)
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        where = f" (full output in {log})" if log else ""
+        raise StackError(f"{what} failed{where}: " + " | ".join(detail))
+    return str(proc.stdout)
+
+
+def _java_major(java: Path) -> int | None:
+    out = subprocess.run([str(java), "-version"], capture_output=True, text=True).stderr
+    try:
+        ver = out.split('"')[1]
+        return int(ver.split(".")[1]) if ver.startswith("1.") else int(ver.split(".")[0].split("-")[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _java(min_major: int, needed_by: str) -> tuple[str, int]:
+    """A java binary of at least `min_major`: JAVA_HOME, then PATH, then /usr/lib/jvm.
+
+    Kafka and Connect run on Java 17 (what Debezium targets); Apicurio 3.3 is built for
+    Java 21, so the registry may run on a second JDK beside the default one.
+    """
+    candidates: list[Path] = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
+    found = shutil.which("java")
+    if found:
+        candidates.append(Path(found))
+    candidates += sorted(Path("/usr/lib/jvm").glob("*/bin/java"))
+    for java in candidates:
+        major = _java_major(java) if java.exists() else None
+        if major is not None and major >= min_major:
+            return str(java), major
+    raise StackError(
+        f"Java {min_major} or newer is required by {needed_by} but none was found in JAVA_HOME, "
+        f"on PATH or under /usr/lib/jvm. Install one (e.g. a Temurin {max(min_major, 21)} JDK) "
+        "or point JAVA_HOME at it."
+    )
+
+
+def _pg_bindir() -> Path:
+    """Debian's PostgreSQL server binaries, installing the package when missing."""
+    roots = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), reverse=True)
+    if roots:
+        return roots[0].parent
+    if os.geteuid() != 0:
+        raise StackError(
+            "PostgreSQL server binaries are missing (/usr/lib/postgresql/*/bin/postgres) and "
+            "installing them needs root: run `sudo apt-get install -y postgresql`."
+        )
+    _say("PostgreSQL server not found: installing Debian's postgresql package")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-q"], what="apt-get update", env=env, log=LOGS / "apt.log")
+    _run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"],
+        what="apt-get install postgresql",
+        env=env,
+        log=LOGS / "apt.log",
+    )
+    # The package starts its own cluster on 5432; ours runs separately, so stop it.
+    subprocess.run(["service", "postgresql", "stop"], capture_output=True)
+    roots = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), reverse=True)
+    if not roots:
+        raise StackError("apt-get installed postgresql but no server binary appeared")
+    return roots[0].parent
+
+
+def _pg_os_user() -> str | None:
+    """PostgreSQL refuses to run as root: run it as the `postgres` system user then."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        _run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "postgres"],
+            what="creating the postgres system user",
+        )
+    return "postgres"
+
+
+def _pg_data_dir(os_user: str | None) -> Path:
+    """Where the cluster lives: under .stack, unless the postgres user cannot reach it."""
+    preferred = DATA / "postgres"
+    if os_user is None:
+        return preferred
+    DATA.mkdir(parents=True, exist_ok=True)
+    probe = subprocess.run(["runuser", "-u", os_user, "--", "test", "-x", str(DATA)], capture_output=True)
+    if probe.returncode == 0:
+        return preferred
+    # A checkout below a private directory (e.g. /root) is not traversable by `postgres`.
+    fallback = Path("/var/lib/flotilla-stack") / base64.b32encode(str(STACK_HOME).encode()).decode()[:16].lower()
+    return fallback / "postgres"
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def _port_holder(port: int) -> str:
+    if shutil.which("ss"):
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+        if out.strip():
+            return out.strip().split()[-1]
+    return "an unknown process"
+
+
+def _http_json(url: str, method: str = "GET", body: object | None = None, timeout: float = 5) -> object:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+# --------------------------------------------------------------------- components
+
+
+@dataclass
+class Component:
+    name: str
+    port: int
+    log: Path
+    health: Callable[[], bool]
+    version: Callable[[], str]
+
+    @property
+    def endpoint(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def _pg_connect(dbname: str = "postgres", user: str = PG_USER, password: str = PG_PASSWORD):  # type: ignore[no-untyped-def]
+    import psycopg  # the venv's; stackctl only runs from it
+
+    return psycopg.connect(
+        host=HOST, port=PORTS["postgres"], user=user, password=password, dbname=dbname, connect_timeout=3, autocommit=True
+    )
+
+
+def _pg_health() -> bool:
+    try:
+        with _pg_connect() as conn:
+            conn.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def _pg_version() -> str:
+    with _pg_connect() as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "?"
+
+
+def _kafka_admin():  # type: ignore[no-untyped-def]
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": f"{HOST}:{PORTS['kafka']}", "socket.timeout.ms": 3000})
+
+
+def _kafka_health() -> bool:
+    if not _port_in_use(PORTS["kafka"]):
+        return False
+    try:
+        md = _kafka_admin().list_topics(timeout=3)
+        return bool(md.brokers)
+    except Exception:
+        return False
+
+
+def _kafka_version() -> str:
+    jars = sorted((DIST / "kafka" / "libs").glob("kafka_2.13-*.jar"))
+    return jars[0].stem.split("-", 1)[1] if jars else "?"
+
+
+def _connect_health() -> bool:
+    try:
+        _http_json(f"http://{HOST}:{PORTS['connect']}/connectors", timeout=3)
+        return True
+    except Exception:
+        return False
+
+
+def _connect_version() -> str:
+    info = _http_json(f"http://{HOST}:{PORTS['connect']}/")
+    plugins = _http_json(f"http://{HOST}:{PORTS['connect']}/connector-plugins")
+    deb = [p["version"] for p in plugins if "Postgres" in p["class"]]  # type: ignore[union-attr,index]
+    return f"{info['version']} (debezium-postgres {deb[0] if deb else 'missing'})"  # type: ignore[index]
+
+
+def _registry_health() -> bool:
+    try:
+        body = _http_json(f"http://{HOST}:{PORTS['registry-management']}/health/ready", timeout=3)
+        return isinstance(body, dict) and body.get("status") == "UP"
+    except Exception:
+        return False
+
+
+def _registry_version() -> str:
+    info = _http_json(f"http://{HOST}:{PORTS['registry']}/apis/registry/v3/system/info")
+    return f"apicurio {info['version']}"  # type: ignore[index]
+
+
+COMPONENTS = [
+    Component("postgres", PORTS["postgres"], LOGS / "postgres.log", _pg_health, _pg_version),
+    Component("kafka", PORTS["kafka"], LOGS / "kafka.log", _kafka_health, _kafka_version),
+    Component("registry", PORTS["registry"], LOGS / "registry.log", _registry_health, _registry_version),
+    Component("connect", PORTS["connect"], LOGS / "connect.log", _connect_health, _connect_version),
+]
+BY_NAME = {c.name: c for c in COMPONENTS}
+# Ports a component opens besides its main one, checked for squatters before start.
+EXTRA_PORTS = {"kafka": ("kafka-controller",), "registry": ("registry-management",)}
+
+
+# ------------------------------------------------------------------ preparation
+
+
+def _fetch_dist() -> None:
+    marker = DIST / ".complete"
+    pom = LOCAL_DIR / "pom.xml"
+    if marker.exists() and marker.read_text() == pom.read_text():
+        return
+    if not shutil.which("mvn"):
+        raise StackError(
+            "Maven (`mvn`) is required to fetch Kafka, Debezium and Apicurio from Maven Central "
+            "but is not on PATH. Install it, e.g. `apt-get install maven`."
+        )
+    _say("fetching Kafka, Kafka Connect, Debezium and Apicurio from Maven Central (first run only)")
+    shutil.rmtree(DIST, ignore_errors=True)
+    _run(
+        ["mvn", "-B", "-q", "-f", str(pom), "package", f"-Dstack.dist={DIST}"],
+        what="Maven fetch of the stack's JVM components",
+        log=LOGS / "maven.log",
+    )
+    marker.write_text(pom.read_text())
+
+
+def _init_postgres(bindir: Path, os_user: str | None, pgdata: Path) -> None:
+    if (pgdata / "PG_VERSION").exists():
+        return
+    _say(f"initialising PostgreSQL cluster in {pgdata}")
+    pgdata.mkdir(parents=True, exist_ok=True)
+    pwfile = pgdata.parent / ".pgpass-init"
+    pwfile.write_text(PG_PASSWORD + "\n")
+    if os_user:
+        shutil.chown(pgdata.parent, os_user)
+        shutil.chown(pgdata, os_user)
+        shutil.chown(pwfile, os_user)
+    cmd = [
+        str(bindir / "initdb"),
+        "-D",
+        str(pgdata),
+        "-U",
+        PG_USER,
+        f"--pwfile={pwfile}",
+        "--auth-host=scram-sha-256",
+        "--auth-local=trust",
+        "-E",
+        "UTF8",
+        "--locale=C",
+    ]
+    if os_user:
+        cmd = ["runuser", "-u", os_user, "--", *cmd]
+    try:
+        _run(cmd, what="initdb", log=LOGS / "initdb.log")
+    finally:
+        pwfile.unlink(missing_ok=True)
+    conf = pgdata / "postgresql.conf"
+    with conf.open("a") as f:
+        f.write(
+            "\n# --- flotilla local stack ---\n"
+            f"listen_addresses = '{HOST}'\n"
+            f"port = {PORTS['postgres']}\n"
+            "unix_socket_directories = ''\n"
+            "wal_level = logical\n"
+            "max_wal_senders = 20\n"
+            "max_replication_slots = 20\n"
+            "max_connections = 200\n"
+            "shared_buffers = 256MB\n"
+            # The outbox hop waits on the WAL: write it out promptly so Debezium sees a
+            # commit within a few ms instead of after the default 200 ms writer delay.
+            "wal_writer_delay = 10ms\n"
+            "logging_collector = off\n"
+        )
+
+
+def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str | None, pgdata: Path) -> Path:
+    """Render every process's config into .stack/run and return supervisord's."""
+    for d in (RUN, LOGS, DATA / "kafka", DATA / "connect"):
+        d.mkdir(parents=True, exist_ok=True)
+    libs = DIST / "kafka" / "libs"
+    kafka_props = RUN / "kafka.properties"
+    kafka_props.write_text(
+        "process.roles=broker,controller\n"
+        "node.id=1\n"
+        f"controller.quorum.voters=1@{HOST}:{PORTS['kafka-controller']}\n"
+        f"listeners=PLAINTEXT://{HOST}:{PORTS['kafka']},CONTROLLER://{HOST}:{PORTS['kafka-controller']}\n"
+        f"advertised.listeners=PLAINTEXT://{HOST}:{PORTS['kafka']}\n"
+        "controller.listener.names=CONTROLLER\n"
+        "inter.broker.listener.name=PLAINTEXT\n"
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n"
+        f"log.dirs={DATA / 'kafka'}\n"
+        "num.partitions=6\n"
+        "offsets.topic.replication.factor=1\n"
+        "transaction.state.log.replication.factor=1\n"
+        "transaction.state.log.min.isr=1\n"
+        "share.coordinator.state.topic.replication.factor=1\n"
+        "share.coordinator.state.topic.min.isr=1\n"
+        "group.initial.rebalance.delay.ms=0\n"
+        "auto.create.topics.enable=false\n"
+        "num.network.threads=2\n"
+        "num.io.threads=4\n"
+    )
+    connect_props = RUN / "connect.properties"
+    connect_props.write_text(
+        f"bootstrap.servers={HOST}:{PORTS['kafka']}\n"
+        "group.id=flotilla-connect\n"
+        "config.storage.topic=_connect-configs\n"
+        "offset.storage.topic=_connect-offsets\n"
+        "status.storage.topic=_connect-status\n"
+        "config.storage.replication.factor=1\n"
+        "offset.storage.replication.factor=1\n"
+        "status.storage.replication.factor=1\n"
+        "offset.flush.interval.ms=1000\n"
+        "key.converter=org.apache.kafka.connect.storage.StringConverter\n"
+        "value.converter=org.apache.kafka.connect.converters.ByteArrayConverter\n"
+        f"listeners=http://{HOST}:{PORTS['connect']}\n"
+        f"rest.advertised.host.name={HOST}\n"
+        f"rest.advertised.port={PORTS['connect']}\n"
+        f"plugin.path={DIST / 'connect-plugins'}\n"
+        "plugin.discovery=hybrid_warn\n"
+        # Connector definitions name their database password as ${env:...}, so the same
+        # JSON works here and in docker compose without a secret in the file.
+        "config.providers=env\n"
+        "config.providers.env.class=org.apache.kafka.common.config.provider.EnvVarConfigProvider\n"
+    )
+    log4j = LOCAL_DIR / "log4j2.properties"
+    if not (DATA / "kafka" / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        _say("formatting Kafka storage (KRaft)")
+        _run(
+            [java, "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}", "kafka.tools.StorageTool",
+             "format", "-t", cluster_id, "-c", str(kafka_props)],
+            what="Kafka storage format",
+            log=LOGS / "kafka-format.log",
+        )
+
+    env_common = {**stack_env(), "LOG_DIR": str(LOGS)}
+
+    def env_line(extra: dict[str, str]) -> str:
+        merged = {**env_common, **extra}
+        return ",".join(f'{k}="{v}"' for k, v in merged.items())
+
+    registry_env = {
+        "APICURIO_STORAGE_KIND": "sql",
+        "APICURIO_STORAGE_SQL_KIND": "postgresql",
+        "APICURIO_DATASOURCE_URL": f"jdbc:postgresql://{HOST}:{PORTS['postgres']}/registry",
+        "APICURIO_DATASOURCE_USERNAME": PG_USER,
+        "APICURIO_DATASOURCE_PASSWORD": PG_PASSWORD,
+        "QUARKUS_HTTP_HOST": HOST,
+        "QUARKUS_HTTP_PORT": str(PORTS["registry"]),
+        "QUARKUS_MANAGEMENT_HOST": HOST,
+        "QUARKUS_MANAGEMENT_PORT": str(PORTS["registry-management"]),
+        "QUARKUS_LOG_CONSOLE_JSON": "false",
+        "APICURIO_REST_DELETION_ARTIFACT_ENABLED": "true",
+        "APICURIO_REST_DELETION_ARTIFACT_VERSION_ENABLED": "true",
+        "APICURIO_REST_DELETION_GROUP_ENABLED": "true",
+    }
+    pg_user_line = f"user={pg_user}\n" if pg_user else ""
+    conf = RUN / "supervisord.conf"
+    conf.write_text(
+        f"""; generated by infra/local/stackctl.py — edit that, not this
+[unix_http_server]
+file={SUPERVISOR_SOCK}
+chmod=0700
+
+[supervisord]
+logfile={LOGS / 'supervisord.log'}
+pidfile={RUN / 'supervisord.pid'}
+childlogdir={LOGS}
+nodaemon=false
+user={pwd.getpwuid(os.geteuid()).pw_name}
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://{SUPERVISOR_SOCK}
+
+[program:postgres]
+command={pg_bindir / 'postgres'} -D {pgdata}
+{pg_user_line}autostart=false
+autorestart=true
+startsecs=2
+stopsignal=INT
+stopwaitsecs=60
+redirect_stderr=true
+stdout_logfile={LOGS / 'postgres.log'}
+
+[program:kafka]
+command={java} {KAFKA_HEAP} {JVM_COMMON} -Dlog4j2.configurationFile={log4j} -Dkafka.logs.dir={LOGS} -cp "{libs}/*" kafka.Kafka {kafka_props}
+autostart=false
+autorestart=true
+startsecs=3
+stopsignal=TERM
+stopwaitsecs=60
+redirect_stderr=true
+stdout_logfile={LOGS / 'kafka.log'}
+environment={env_line({})}
+
+[program:registry]
+command={registry_java} {REGISTRY_HEAP} {JVM_COMMON} -jar {DIST / 'apicurio' / 'quarkus-run.jar'}
+directory={DIST / 'apicurio'}
+autostart=false
+autorestart=true
+startsecs=3
+stopsignal=TERM
+stopwaitsecs=30
+redirect_stderr=true
+stdout_logfile={LOGS / 'registry.log'}
+environment={env_line(registry_env)}
+
+[program:connect]
+command={java} {CONNECT_HEAP} {JVM_COMMON} -Dlog4j2.configurationFile={log4j} -cp "{libs}/*" org.apache.kafka.connect.cli.ConnectDistributed {connect_props}
+autostart=false
+autorestart=true
+startsecs=3
+stopsignal=TERM
+stopwaitsecs=60
+redirect_stderr=true
+stdout_logfile={LOGS / 'connect.log'}
+environment={env_line({})}
+"""
+    )
+    return conf
+
+
+# --------------------------------------------------------------------- control
+
+
+def _supervisorctl(*args: str, check: bool = True) -> str:
+    conf = RUN / "supervisord.conf"
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf), *args], capture_output=True, text=True
+    )
+    if check and proc.returncode not in (0, 3):  # 3: some programs not running (status)
+        raise StackError(f"supervisorctl {' '.join(args)} failed: {(proc.stdout + proc.stderr).strip()}")
+    return proc.stdout
+
+
+def _supervisord_running() -> bool:
+    pidfile = RUN / "supervisord.pid"
+    if not pidfile.exists() or not SUPERVISOR_SOCK.exists():
+        return False
+    try:
+        os.kill(int(pidfile.read_text().strip()), 0)
+    except (ValueError, ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _program_states() -> dict[str, str]:
+    if not _supervisord_running():
+        return {}
+    states = {}
+    for line in _supervisorctl("status", check=False).splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def _wait_healthy(comp: Component, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if comp.health():
+            return
+        state = _program_states().get(comp.name, "")
+        if state in ("FATAL", "BACKOFF", "EXITED"):
+            raise StackError(
+                f"{comp.name} failed to start (supervisor state {state}); read {comp.log}: "
+                + _tail(comp.log)
+            )
+        time.sleep(0.5)
+    raise StackError(f"{comp.name} did not become healthy on {comp.endpoint} within {timeout:.0f}s; read {comp.log}: " + _tail(comp.log))
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log yet)"
+
+
+def _start(comp: Component, timeout: float) -> None:
+    state = _program_states().get(comp.name)
+    if state == "RUNNING" and comp.health():
+        return
+    if state != "RUNNING" and _port_in_use(comp.port):
+        raise StackError(
+            f"port {comp.port} for {comp.name} is held by {_port_holder(comp.port)}, not by this stack; "
+            f"stop that process or choose another port (see docs/operations/local-stack.md)"
+        )
+    for extra in EXTRA_PORTS.get(comp.name, ()):
+        if state != "RUNNING" and _port_in_use(PORTS[extra]):
+            raise StackError(
+                f"port {PORTS[extra]} ({extra}) for {comp.name} is held by {_port_holder(PORTS[extra])}, "
+                "not by this stack; stop that process or choose another port"
+            )
+    _say(f"starting {comp.name} on {comp.endpoint}")
+    t0 = time.monotonic()
+    if state != "RUNNING":
+        _supervisorctl("start", comp.name, check=False)
+    _wait_healthy(comp, timeout)
+    _say(f"{comp.name} healthy after {time.monotonic() - t0:.1f}s")
+
+
+def _ensure_databases() -> None:
+    with _pg_connect() as conn:
+        existing = {r[0] for r in conn.execute("SELECT datname FROM pg_database").fetchall()}
+        for db in PG_DATABASES:
+            if db not in existing:
+                conn.execute(f'CREATE DATABASE "{db}"')
+        conn.execute(f'ALTER ROLE "{PG_USER}" WITH REPLICATION')
+
+
+def _ensure_topics() -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin = _kafka_admin()
+    existing = set(admin.list_topics(timeout=10).topics)
+    new = [
+        NewTopic(name, num_partitions=parts, replication_factor=1, config=cfg)
+        for name, (parts, cfg) in TOPICS.items()
+        if name not in existing
+    ]
+    if new:
+        for name, fut in admin.create_topics(new, request_timeout=15).items():
+            fut.result()
+            _say(f"created topic {name}")
+
+
+def _ensure_compatibility() -> None:
+    url = f"http://{HOST}:{PORTS['registry']}/apis/ccompat/v7/config"
+    current = _http_json(url)
+    level = current.get("compatibilityLevel") if isinstance(current, dict) else None
+    if level != GLOBAL_COMPATIBILITY:
+        _http_json(url, method="PUT", body={"compatibility": GLOBAL_COMPATIBILITY})
+        _say(f"registry global compatibility set to {GLOBAL_COMPATIBILITY}")
+
+
+def write_env_file() -> None:
+    STACK_HOME.mkdir(parents=True, exist_ok=True)
+    lines = ["# written by infra/local/stackctl.py; read by the Makefile, services and tests"]
+    lines += [f"{k}={v}" for k, v in stack_env().items()]
+    ENV_FILE.write_text("\n".join(lines) + "\n")
+
+
+def up() -> None:
+    t0 = time.monotonic()
+    java, major = _java(17, "Kafka 4 and Debezium 3")
+    registry_java, registry_major = _java(21, "Apicurio Registry 3.3")
+    pg_bindir = _pg_bindir()
+    pg_user = _pg_os_user()
+    pgdata = _pg_data_dir(pg_user)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    _fetch_dist()
+    if not _supervisord_running():
+        _init_postgres(pg_bindir, pg_user, pgdata)
+        conf = _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)
+        SUPERVISOR_SOCK.unlink(missing_ok=True)
+        _run([sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)], what="starting supervisord",
+             log=LOGS / "supervisord-start.log")
+        deadline = time.monotonic() + 15
+        while not SUPERVISOR_SOCK.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    write_env_file()
+    _start(BY_NAME["postgres"], 60)
+    _ensure_databases()
+    _start(BY_NAME["kafka"], UP_TIMEOUT_S)
+    _ensure_topics()
+    _start(BY_NAME["registry"], UP_TIMEOUT_S)
+    _ensure_compatibility()
+    _start(BY_NAME["connect"], UP_TIMEOUT_S)
+    _say(f"stack up in {time.monotonic() - t0:.1f}s (java {major}, registry on java {registry_major}); settings in {ENV_FILE}")
+
+
+def down() -> None:
+    if not _supervisord_running():
+        _say("stack is not running")
+        return
+    # Reverse dependency order: Connect and the registry before Kafka and PostgreSQL.
+    for name in ("connect", "registry", "kafka", "postgres"):
+        _supervisorctl("stop", name, check=False)
+    _supervisorctl("shutdown", check=False)
+    deadline = time.monotonic() + 30
+    while _supervisord_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _say("stack stopped (data kept in " + str(DATA) + ")")
+
+
+def reset() -> None:
+    down()
+    pgdata = _pg_data_dir(_pg_os_user()) if os.geteuid() == 0 else DATA / "postgres"
+    shutil.rmtree(DATA, ignore_errors=True)
+    shutil.rmtree(pgdata, ignore_errors=True)
+    shutil.rmtree(RUN, ignore_errors=True)
+    ENV_FILE.unlink(missing_ok=True)
+    _say("stack data wiped")
+
+
+def status(as_json: bool) -> int:
+    states = _program_states()
+    rows = []
+    for comp in COMPONENTS:
+        healthy = comp.health()
+        version = ""
+        if healthy:
+            try:
+                version = comp.version()
+            except Exception as exc:  # a status line must never crash the status command
+                version = f"? ({exc.__class__.__name__})"
+        rows.append(
+            {
+                "component": comp.name,
+                "state": "up" if healthy else "down",
+                "supervisor": states.get(comp.name, "-"),
+                "endpoint": comp.endpoint,
+                "version": version,
+                "log": str(comp.log),
+            }
+        )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['component']:<9} {r['state']:<5} {r['endpoint']:<16} {r['version'] or '-':<40} {r['log']}")
+    return 0 if all(r["state"] == "up" for r in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["up", "down", "reset", "status", "env"])
+    parser.add_argument("--json", action="store_true", help="machine-readable status")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "up":
+            up()
+        elif args.action == "down":
+            down()
+        elif args.action == "reset":
+            reset()
+        elif args.action == "env":
+            write_env_file()
+            print(ENV_FILE)
+        else:
+            return status(args.json)
+    except StackError as exc:
+        print(f"[stack] ERROR: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Flotilla: the shared runtime for the agent fleet."""
