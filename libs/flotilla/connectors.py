@@ -1,0 +1,119 @@
+"""Debezium outbox connectors, one per service database, registered idempotently.
+
+The definition is the whole outbox contract on the Connect side: pgoutput logical
+decoding of just the outbox table (a filtered publication), the Outbox Event Router
+routing by ``aggregatetype`` and keying by ``aggregateid``, the payload passed through
+as raw bytes, and the CloudEvents columns placed as headers. The database password is
+an ``${env:...}`` reference resolved by the Connect worker, so definitions carry no
+secret and the same JSON serves the local stack and docker compose.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
+
+# Debezium's default poll interval (500 ms) would dominate every hop's latency.
+POLL_INTERVAL_MS = 10
+
+
+def connector_name(database: str) -> str:
+    return f"outbox-{database}"
+
+
+def outbox_connector_config(
+    database: str,
+    *,
+    host: str = "${env:FLOTILLA_PG_HOST}",
+    port: str = "${env:FLOTILLA_PG_PORT}",
+    user: str = "${env:FLOTILLA_PG_USER}",
+    password: str = "${env:FLOTILLA_PG_PASSWORD}",
+) -> dict[str, str]:
+    """The Kafka Connect config of the outbox connector for one service database."""
+    placement = ",".join(f"{col}:header:{hdr}" for col, hdr in HEADER_COLUMNS.items())
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "plugin.name": "pgoutput",
+        "database.hostname": host,
+        "database.port": port,
+        "database.user": user,
+        "database.password": password,
+        "database.dbname": database,
+        "topic.prefix": f"flotilla.{database}",
+        "table.include.list": f"public.{OUTBOX_TABLE}",
+        "publication.name": f"flotilla_outbox_{database}",
+        "publication.autocreate.mode": "filtered",
+        "slot.name": f"flotilla_outbox_{database}",
+        # Rows written before the connector existed are still published (snapshot),
+        # then the WAL is streamed.
+        "snapshot.mode": "initial",
+        "poll.interval.ms": str(POLL_INTERVAL_MS),
+        "tombstones.on.delete": "false",
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+        "header.converter": "org.apache.kafka.connect.storage.SimpleHeaderConverter",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.route.by.field": "aggregatetype",
+        "transforms.outbox.route.topic.replacement": "${routedByValue}",
+        "transforms.outbox.table.field.event.id": "id",
+        "transforms.outbox.table.field.event.key": "aggregateid",
+        "transforms.outbox.table.field.event.payload": "payload",
+        "transforms.outbox.table.expand.json.payload": "false",
+        "transforms.outbox.table.fields.additional.placement": placement,
+        "transforms.outbox.route.tombstone.on.empty.payload": "false",
+    }
+
+
+class ConnectError(RuntimeError):
+    """Kafka Connect refused or failed a request; the message carries its answer."""
+
+
+def _request(url: str, method: str = "GET", body: object | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise ConnectError(f"{method} {url} -> {exc.code}: {exc.read().decode(errors='replace')}") from exc
+    return json.loads(raw) if raw else None
+
+
+def register_connector(connect_url: str, name: str, config: dict[str, str]) -> None:
+    """Create or update a connector (PUT is idempotent: same config, no restart)."""
+    _request(f"{connect_url}/connectors/{name}/config", method="PUT", body=config)
+
+
+def delete_connector(connect_url: str, name: str) -> None:
+    try:
+        _request(f"{connect_url}/connectors/{name}", method="DELETE")
+    except ConnectError as exc:
+        if "404" not in str(exc):
+            raise
+
+
+def wait_running(connect_url: str, name: str, timeout: float = 60) -> None:
+    """Block until the connector and its task report RUNNING; raise with the trace if one FAILED."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = _request(f"{connect_url}/connectors/{name}/status")
+        except ConnectError:
+            time.sleep(0.3)
+            continue
+        states = [last["connector"]["state"]] + [t["state"] for t in last.get("tasks", [])]
+        if "FAILED" in states:
+            traces = [t.get("trace", "") for t in last.get("tasks", [])] + [last["connector"].get("trace", "")]
+            raise ConnectError(f"connector {name} failed: " + " ".join(t for t in traces if t)[:2000])
+        if last.get("tasks") and all(s == "RUNNING" for s in states):
+            return
+        time.sleep(0.3)
+    raise ConnectError(f"connector {name} not RUNNING after {timeout:.0f}s; last status: {last}")
