@@ -37,6 +37,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+    from psycopg import Connection
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_DIR = Path(__file__).resolve().parent
@@ -150,7 +155,7 @@ def _java(min_major: int, needed_by: str) -> tuple[str, int]:
     found = shutil.which("java")
     if found:
         candidates.append(Path(found))
-    candidates += sorted(Path("/usr/lib/jvm").glob("*/bin/java"))
+    candidates += sorted(Path(os.environ.get("FLOTILLA_JVM_ROOT", "/usr/lib/jvm")).glob("*/bin/java"))
     for java in candidates:
         major = _java_major(java) if java.exists() else None
         if major is not None and major >= min_major:
@@ -231,7 +236,7 @@ def _port_holder(port: int) -> str:
     return "an unknown process"
 
 
-def _http_json(url: str, method: str = "GET", body: object | None = None, timeout: float = 5) -> object:
+def _http_json(url: str, method: str = "GET", body: object | None = None, timeout: float = 5) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
@@ -257,11 +262,17 @@ class Component:
         return f"{HOST}:{self.port}"
 
 
-def _pg_connect(dbname: str = "postgres", user: str = PG_USER, password: str = PG_PASSWORD):  # type: ignore[no-untyped-def]
+def _pg_connect(dbname: str = "postgres", user: str = PG_USER, password: str = PG_PASSWORD) -> Connection[Any]:
     import psycopg  # the venv's; stackctl only runs from it
 
     return psycopg.connect(
-        host=HOST, port=PORTS["postgres"], user=user, password=password, dbname=dbname, connect_timeout=3, autocommit=True
+        host=HOST,
+        port=PORTS["postgres"],
+        user=user,
+        password=password,
+        dbname=dbname,
+        connect_timeout=3,
+        autocommit=True,
     )
 
 
@@ -280,7 +291,7 @@ def _pg_version() -> str:
     return str(row[0]) if row else "?"
 
 
-def _kafka_admin():  # type: ignore[no-untyped-def]
+def _kafka_admin() -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
     return AdminClient({"bootstrap.servers": f"{HOST}:{PORTS['kafka']}", "socket.timeout.ms": 3000})
@@ -312,8 +323,8 @@ def _connect_health() -> bool:
 def _connect_version() -> str:
     info = _http_json(f"http://{HOST}:{PORTS['connect']}/")
     plugins = _http_json(f"http://{HOST}:{PORTS['connect']}/connector-plugins")
-    deb = [p["version"] for p in plugins if "Postgres" in p["class"]]  # type: ignore[union-attr,index]
-    return f"{info['version']} (debezium-postgres {deb[0] if deb else 'missing'})"  # type: ignore[index]
+    deb = [p["version"] for p in plugins if "Postgres" in p["class"]]
+    return f"{info['version']} (debezium-postgres {deb[0] if deb else 'missing'})"
 
 
 def _registry_health() -> bool:
@@ -326,7 +337,7 @@ def _registry_health() -> bool:
 
 def _registry_version() -> str:
     info = _http_json(f"http://{HOST}:{PORTS['registry']}/apis/registry/v3/system/info")
-    return f"apicurio {info['version']}"  # type: ignore[index]
+    return f"apicurio {info['version']}"
 
 
 COMPONENTS = [
@@ -450,6 +461,8 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         "offset.storage.replication.factor=1\n"
         "status.storage.replication.factor=1\n"
         "offset.flush.interval.ms=1000\n"
+        # Kafka 4 producers linger 5 ms by default; an outbox hop should not wait for a batch.
+        "producer.linger.ms=0\n"
         "key.converter=org.apache.kafka.connect.storage.StringConverter\n"
         "value.converter=org.apache.kafka.connect.converters.ByteArrayConverter\n"
         f"listeners=http://{HOST}:{PORTS['connect']}\n"
@@ -467,8 +480,18 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         _say("formatting Kafka storage (KRaft)")
         _run(
-            [java, "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}", "kafka.tools.StorageTool",
-             "format", "-t", cluster_id, "-c", str(kafka_props)],
+            [
+                java,
+                "-cp",
+                f"{libs}/*",
+                f"-Dlog4j2.configurationFile={log4j}",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(kafka_props),
+            ],
             what="Kafka storage format",
             log=LOGS / "kafka-format.log",
         )
@@ -495,6 +518,7 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         "APICURIO_REST_DELETION_GROUP_ENABLED": "true",
     }
     pg_user_line = f"user={pg_user}\n" if pg_user else ""
+    jvm_kafka = f'{JVM_COMMON} -Dlog4j2.configurationFile={log4j} -Dkafka.logs.dir={LOGS} -cp "{libs}/*"'
     conf = RUN / "supervisord.conf"
     conf.write_text(
         f"""; generated by infra/local/stackctl.py — edit that, not this
@@ -503,8 +527,8 @@ file={SUPERVISOR_SOCK}
 chmod=0700
 
 [supervisord]
-logfile={LOGS / 'supervisord.log'}
-pidfile={RUN / 'supervisord.pid'}
+logfile={LOGS / "supervisord.log"}
+pidfile={RUN / "supervisord.pid"}
 childlogdir={LOGS}
 nodaemon=false
 user={pwd.getpwuid(os.geteuid()).pw_name}
@@ -516,47 +540,47 @@ supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 serverurl=unix://{SUPERVISOR_SOCK}
 
 [program:postgres]
-command={pg_bindir / 'postgres'} -D {pgdata}
+command={pg_bindir / "postgres"} -D {pgdata}
 {pg_user_line}autostart=false
 autorestart=true
 startsecs=2
 stopsignal=INT
 stopwaitsecs=60
 redirect_stderr=true
-stdout_logfile={LOGS / 'postgres.log'}
+stdout_logfile={LOGS / "postgres.log"}
 
 [program:kafka]
-command={java} {KAFKA_HEAP} {JVM_COMMON} -Dlog4j2.configurationFile={log4j} -Dkafka.logs.dir={LOGS} -cp "{libs}/*" kafka.Kafka {kafka_props}
+command={java} {KAFKA_HEAP} {jvm_kafka} kafka.Kafka {kafka_props}
 autostart=false
 autorestart=true
 startsecs=3
 stopsignal=TERM
 stopwaitsecs=60
 redirect_stderr=true
-stdout_logfile={LOGS / 'kafka.log'}
+stdout_logfile={LOGS / "kafka.log"}
 environment={env_line({})}
 
 [program:registry]
-command={registry_java} {REGISTRY_HEAP} {JVM_COMMON} -jar {DIST / 'apicurio' / 'quarkus-run.jar'}
-directory={DIST / 'apicurio'}
+command={registry_java} {REGISTRY_HEAP} {JVM_COMMON} -jar {DIST / "apicurio" / "quarkus-run.jar"}
+directory={DIST / "apicurio"}
 autostart=false
 autorestart=true
 startsecs=3
 stopsignal=TERM
 stopwaitsecs=30
 redirect_stderr=true
-stdout_logfile={LOGS / 'registry.log'}
+stdout_logfile={LOGS / "registry.log"}
 environment={env_line(registry_env)}
 
 [program:connect]
-command={java} {CONNECT_HEAP} {JVM_COMMON} -Dlog4j2.configurationFile={log4j} -cp "{libs}/*" org.apache.kafka.connect.cli.ConnectDistributed {connect_props}
+command={java} {CONNECT_HEAP} {jvm_kafka} org.apache.kafka.connect.cli.ConnectDistributed {connect_props}
 autostart=false
 autorestart=true
 startsecs=3
 stopsignal=TERM
 stopwaitsecs=60
 redirect_stderr=true
-stdout_logfile={LOGS / 'connect.log'}
+stdout_logfile={LOGS / "connect.log"}
 environment={env_line({})}
 """
     )
@@ -606,11 +630,13 @@ def _wait_healthy(comp: Component, timeout: float) -> None:
         state = _program_states().get(comp.name, "")
         if state in ("FATAL", "BACKOFF", "EXITED"):
             raise StackError(
-                f"{comp.name} failed to start (supervisor state {state}); read {comp.log}: "
-                + _tail(comp.log)
+                f"{comp.name} failed to start (supervisor state {state}); read {comp.log}: " + _tail(comp.log)
             )
         time.sleep(0.5)
-    raise StackError(f"{comp.name} did not become healthy on {comp.endpoint} within {timeout:.0f}s; read {comp.log}: " + _tail(comp.log))
+    raise StackError(
+        f"{comp.name} did not become healthy on {comp.endpoint} within {timeout:.0f}s; read {comp.log}: "
+        + _tail(comp.log)
+    )
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -624,17 +650,6 @@ def _start(comp: Component, timeout: float) -> None:
     state = _program_states().get(comp.name)
     if state == "RUNNING" and comp.health():
         return
-    if state != "RUNNING" and _port_in_use(comp.port):
-        raise StackError(
-            f"port {comp.port} for {comp.name} is held by {_port_holder(comp.port)}, not by this stack; "
-            f"stop that process or choose another port (see docs/operations/local-stack.md)"
-        )
-    for extra in EXTRA_PORTS.get(comp.name, ()):
-        if state != "RUNNING" and _port_in_use(PORTS[extra]):
-            raise StackError(
-                f"port {PORTS[extra]} ({extra}) for {comp.name} is held by {_port_holder(PORTS[extra])}, "
-                "not by this stack; stop that process or choose another port"
-            )
     _say(f"starting {comp.name} on {comp.endpoint}")
     t0 = time.monotonic()
     if state != "RUNNING":
@@ -653,7 +668,7 @@ def _ensure_databases() -> None:
 
 
 def _ensure_topics() -> None:
-    from confluent_kafka.admin import NewTopic
+    from confluent_kafka.cimpl import NewTopic
 
     admin = _kafka_admin()
     existing = set(admin.list_topics(timeout=10).topics)
@@ -684,21 +699,41 @@ def write_env_file() -> None:
     ENV_FILE.write_text("\n".join(lines) + "\n")
 
 
+def _preflight_ports() -> None:
+    """Fail fast, before any download or start, when a port we need is someone else's."""
+    states = _program_states()
+    for comp in COMPONENTS:
+        if states.get(comp.name) == "RUNNING":
+            continue  # ours
+        for key in (comp.name, *EXTRA_PORTS.get(comp.name, ())):
+            port = PORTS[key]
+            if _port_in_use(port):
+                raise StackError(
+                    f"port {port} ({key}) for {comp.name} is held by {_port_holder(port)}, not by this stack; "
+                    f"stop that process or move the stack with FLOTILLA_{key.upper().replace('-', '_')}_PORT "
+                    "(see docs/operations/local-stack.md)"
+                )
+
+
 def up() -> None:
     t0 = time.monotonic()
     java, major = _java(17, "Kafka 4 and Debezium 3")
     registry_java, registry_major = _java(21, "Apicurio Registry 3.3")
+    _preflight_ports()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    _fetch_dist()
     pg_bindir = _pg_bindir()
     pg_user = _pg_os_user()
     pgdata = _pg_data_dir(pg_user)
-    LOGS.mkdir(parents=True, exist_ok=True)
-    _fetch_dist()
     if not _supervisord_running():
         _init_postgres(pg_bindir, pg_user, pgdata)
         conf = _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)
         SUPERVISOR_SOCK.unlink(missing_ok=True)
-        _run([sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)], what="starting supervisord",
-             log=LOGS / "supervisord-start.log")
+        _run(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+            what="starting supervisord",
+            log=LOGS / "supervisord-start.log",
+        )
         deadline = time.monotonic() + 15
         while not SUPERVISOR_SOCK.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -710,7 +745,8 @@ def up() -> None:
     _start(BY_NAME["registry"], UP_TIMEOUT_S)
     _ensure_compatibility()
     _start(BY_NAME["connect"], UP_TIMEOUT_S)
-    _say(f"stack up in {time.monotonic() - t0:.1f}s (java {major}, registry on java {registry_major}); settings in {ENV_FILE}")
+    took = time.monotonic() - t0
+    _say(f"stack up in {took:.1f}s (java {major}, registry on java {registry_major}); settings in {ENV_FILE}")
 
 
 def down() -> None:

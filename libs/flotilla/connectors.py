@@ -55,6 +55,8 @@ def outbox_connector_config(
         "snapshot.mode": "initial",
         "poll.interval.ms": str(POLL_INTERVAL_MS),
         "tombstones.on.delete": "false",
+        # Only the CloudEvents headers travel; no __debezium.context.* noise.
+        "extended.headers.enabled": "false",
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
         "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
         "header.converter": "org.apache.kafka.connect.storage.SimpleHeaderConverter",
@@ -92,11 +94,26 @@ def register_connector(connect_url: str, name: str, config: dict[str, str]) -> N
 
 
 def delete_connector(connect_url: str, name: str) -> None:
+    """Stop the connector, forget its source offsets, then delete it.
+
+    Connect keeps a deleted connector's offsets; a new connector of the same name (a
+    database dropped and recreated, say) would resume from an LSN that no longer exists
+    and fail. Offsets can only be reset while the connector is STOPPED.
+    """
+    base = f"{connect_url}/connectors/{name}"
     try:
-        _request(f"{connect_url}/connectors/{name}", method="DELETE")
+        _request(f"{base}/stop", method="PUT")
     except ConnectError as exc:
-        if "404" not in str(exc):
-            raise
+        if "404" in str(exc):
+            return
+        raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if _request(f"{base}/status")["connector"]["state"] == "STOPPED":
+            break
+        time.sleep(0.2)
+    _request(f"{base}/offsets", method="DELETE")
+    _request(base, method="DELETE")
 
 
 def wait_running(connect_url: str, name: str, timeout: float = 60) -> None:

@@ -83,3 +83,22 @@ def register(client: SchemaRegistryClient, contract: Contract) -> int:
 def register_all(client: SchemaRegistryClient, root: Path | None = None) -> dict[str, int]:
     """Register every contract; returns subject → schema id."""
     return {c.subject: register(client, c) for c in load_contracts(root)}
+
+
+def main() -> None:
+    """``python -m flotilla.contracts``: register every contract, print subject → id."""
+    from flotilla.serde import registry_client
+    from flotilla.settings import load_settings
+
+    settings = load_settings()
+    client = registry_client(settings.schema_registry_url)
+    try:
+        ids = register_all(client)
+    except IncompatibleSchemaError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for subject, schema_id in ids.items():
+        print(f"{subject} -> id {schema_id}")
+
+
+if __name__ == "__main__":
+    main()

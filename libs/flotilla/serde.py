@@ -14,14 +14,14 @@ import io
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
-from fastavro.validation import ValidationError, validate
 
 from flotilla.contracts import subject_for
+from flotilla.validation import RecordValidator
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
@@ -57,6 +57,7 @@ class _Writer:
     schema_id: int
     parsed: Any
     full_name: str
+    validator: RecordValidator
 
 
 @dataclass(frozen=True)
@@ -66,20 +67,6 @@ class Decoded:
     schema_id: int
     record_name: str
     value: dict[str, Any]
-
-
-def _problems(exc: ValidationError) -> list[str]:
-    """fastavro reports JSON-ish strings per failing field; make them one line each."""
-    out = []
-    for err in exc.errors:
-        text = str(err)
-        try:
-            parsed = json.loads(text)
-            text = parsed if isinstance(parsed, str) else text
-        except json.JSONDecodeError:
-            pass
-        out.append(" ".join(text.split()))
-    return out or [str(exc)]
 
 
 class AvroSerde:
@@ -108,27 +95,26 @@ class AvroSerde:
                     "(make schemas) — services never auto-register"
                 ) from exc
             raise
+        if registered.schema is None or registered.schema.schema_str is None or registered.schema_id is None:
+            raise SchemaNotRegisteredError(f"registry returned no schema for subject {subject}")
         schema_dict = json.loads(registered.schema.schema_str)
-        writer = _Writer(int(registered.schema_id), parse_schema(schema_dict), record_full_name)
+        parsed = parse_schema(schema_dict)
+        writer = _Writer(registered.schema_id, parsed, record_full_name, RecordValidator(cast(dict[str, Any], parsed)))
         self._writers[subject] = writer
         self._readers.setdefault(writer.schema_id, (writer.parsed, record_full_name))
         return writer
 
-    def validate(self, topic: str, record_full_name: str, value: dict[str, Any]) -> None:
+    def validate(self, topic: str, record_full_name: str, value: dict[str, Any]) -> _Writer:
         """Raise RecordValidationError naming every field that breaks the schema."""
         writer = self.writer(topic, record_full_name)
-        try:
-            validate(value, writer.parsed, raise_errors=True, strict=True)
-        except ValidationError as exc:
-            raise RecordValidationError(subject_for(topic, record_full_name), _problems(exc)) from None
+        problems = writer.validator.problems(value)
+        if problems:
+            raise RecordValidationError(subject_for(topic, record_full_name), problems)
+        return writer
 
     def serialize(self, topic: str, record_full_name: str, value: dict[str, Any]) -> bytes:
         """Validate, then frame and encode against the registered schema."""
-        writer = self.writer(topic, record_full_name)
-        try:
-            validate(value, writer.parsed, raise_errors=True, strict=True)
-        except ValidationError as exc:
-            raise RecordValidationError(subject_for(topic, record_full_name), _problems(exc)) from None
+        writer = self.validate(topic, record_full_name, value)
         buf = io.BytesIO()
         buf.write(_HEADER.pack(MAGIC_BYTE, writer.schema_id))
         schemaless_writer(buf, writer.parsed, value)
@@ -144,6 +130,8 @@ class AvroSerde:
             if exc.http_status_code == 404:
                 raise UnknownSchemaIdError(f"schema id {schema_id} is not known to the registry") from exc
             raise
+        if schema.schema_str is None:
+            raise UnknownSchemaIdError(f"schema id {schema_id} has no schema text in the registry")
         schema_dict = json.loads(schema.schema_str)
         name = schema_dict.get("name", "?")
         full = f"{schema_dict['namespace']}.{name}" if schema_dict.get("namespace") else name

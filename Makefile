@@ -1,0 +1,66 @@
+# Flotilla — `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON_BOOT ?= python3.11
+VENV        := .venv
+PY          := $(VENV)/bin/python
+STACKCTL    := $(PY) infra/local/stackctl.py
+STAMP       := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help install demo stack-up stack-down stack-reset stack-status schemas test test-unit test-integration lint format bench-outbox clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON_BOOT) >/dev/null || { echo "error: $(PYTHON_BOOT) not found; Flotilla needs Python 3.11" >&2; exit 2; }
+	$(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install Flotilla with its pinned dependencies
+
+demo: stack-up schemas ## Main job: bring up the stack and show records crossing the outbox live
+	$(PY) infra/local/outbox_demo.py
+
+stack-up: $(STAMP) ## Start the local stack (idempotent; downloads on first run)
+	$(STACKCTL) up
+
+stack-down: $(STAMP) ## Stop the local stack, keeping its data
+	$(STACKCTL) down
+
+stack-reset: $(STAMP) ## Stop the local stack and wipe its data
+	$(STACKCTL) reset
+
+stack-status: $(STAMP) ## Each component: up/down, endpoint, version, log file
+	$(STACKCTL) status
+
+schemas: $(STAMP) ## Register every contract in schemas/ with the registry
+	$(PY) -m flotilla.contracts
+
+lint: $(STAMP) ## ruff (lint + format check) and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP) ## Apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint ## Lint, then every test (unit, integration, e2e) on the real stack
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP) ## Only the fast unit tests (no stack)
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: $(STAMP) ## Only the tests on the real stack
+	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 rows (p50/p99)
+	$(PY) benchmarks/outbox_latency.py --rows 1000
+
+clean: ## Remove the virtualenv and caches (keeps .stack; see stack-reset)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

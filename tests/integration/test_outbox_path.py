@@ -1,0 +1,217 @@
+"""The whole outbox path on the real stack.
+
+state change + outbox row (one transaction) → PostgreSQL WAL → Debezium (pgoutput,
+filtered publication) → Outbox Event Router → Kafka topic → consumer decoding through
+the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from flotilla import connectors
+from flotilla.bootstrap import bootstrap_outbox, drop_outbox
+from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register
+from flotilla.envelope import CONTENT_TYPE, Envelope
+from flotilla.outbox import Outbox
+from flotilla.serde import AvroSerde, RecordValidationError, registry_client
+from flotilla.settings import StackSettings
+
+from .kafka_wait import by_event_id, header, tail_consumer, wait_for
+
+LATENCY = "dev.flotilla.incidents.ServiceLatencyIncreased"
+DB = "flotilla_it_outbox"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def latency_fact(incident: str) -> tuple[dict[str, Any], Envelope]:
+    value = {
+        "eventId": str(uuid.uuid4()),
+        "incidentId": incident,
+        "service": "checkout-api",
+        "environment": "production",
+        "p95LatencyMs": 1840.0,
+        "thresholdMs": 500.0,
+        "windowSeconds": 60,
+        "observedAt": datetime.now(UTC).replace(microsecond=0),
+    }
+    env = Envelope(type=LATENCY, source="/flotilla/tests", correlationid=incident, id=value["eventId"])
+    return value, env
+
+
+@pytest.fixture(scope="module")
+def outbox_db(stack: StackSettings, serde: AvroSerde) -> Iterator[str]:
+    bootstrap_outbox(stack, DB)
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS incident_state (incident_id text PRIMARY KEY, status text NOT NULL)")
+    yield DB
+    drop_outbox(stack, DB)
+
+
+@pytest.fixture()
+def incidents(stack: StackSettings, outbox_db: str) -> Iterator[Consumer]:
+    consumer = tail_consumer(stack.kafka_bootstrap, "incidents")
+    yield consumer
+    consumer.close()
+
+
+def _open_incident(conn: psycopg.Connection[Any], outbox: Outbox, incident: str) -> tuple[bytes, Envelope]:
+    value, env = latency_fact(incident)
+    conn.execute("INSERT INTO incident_state (incident_id, status) VALUES (%s, 'detected')", (incident,))
+    payload = outbox.append(conn, topic="incidents", key=incident, value=value, envelope=env)
+    return payload, env
+
+
+def _row_counts(stack: StackSettings, incident: str) -> tuple[int, int]:
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        state = conn.execute("SELECT count(*) FROM incident_state WHERE incident_id = %s", (incident,)).fetchone()
+        rows = conn.execute("SELECT count(*) FROM outbox WHERE aggregateid = %s", (incident,)).fetchone()
+    assert state is not None and rows is not None
+    return int(state[0]), int(rows[0])
+
+
+def test_contracts_are_registered_under_topic_record_subjects(registry: SchemaRegistryClient) -> None:
+    subjects = set(registry.get_subjects())
+    for contract in load_contracts():
+        assert contract.subject in subjects
+        registered = json.loads(registry.get_latest_version(contract.subject).schema.schema_str or "{}")
+        assert registered["name"] == contract.schema["name"]
+        assert [f["name"] for f in registered["fields"]] == [f["name"] for f in contract.schema["fields"]]  # type: ignore[union-attr]
+
+
+def test_registry_enforces_backward_compatibility_globally(stack: StackSettings) -> None:
+    with urllib.request.urlopen(f"{stack.schema_registry_url}/config", timeout=5) as resp:
+        assert json.loads(resp.read())["compatibilityLevel"] == "BACKWARD"
+
+    client = registry_client(stack.schema_registry_url)
+    topic = f"it-compat-{uuid.uuid4().hex[:8]}"
+    v1 = {"type": "record", "name": "Probe", "namespace": "dev.flotilla.tests", "fields": [{"name": "a", "type": "string"}]}
+    register(client, Contract(topic, v1))
+    required_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int"}]}  # type: ignore[list-item]
+    with pytest.raises(IncompatibleSchemaError, match=rf"{topic}-dev.flotilla.tests.Probe.*incompatible"):
+        register(client, Contract(topic, required_b))
+    defaulted_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int", "default": 0}]}  # type: ignore[list-item]
+    assert register(client, Contract(topic, defaulted_b)) > 0
+
+
+def test_record_reaches_its_topic_keyed_with_payload_and_cloudevents_headers(
+    stack: StackSettings, serde: AvroSerde, incidents: Consumer
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    value, env = latency_fact(incident)
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        conn.execute("INSERT INTO incident_state (incident_id, status) VALUES (%s, 'detected')", (incident,))
+        payload = Outbox(serde).append(conn, topic="incidents", key=incident, value=value, envelope=env)
+
+    msg = wait_for(incidents, by_event_id(env.id))
+    assert msg.topic() == "incidents"  # routed by aggregatetype
+    assert msg.key() == incident.encode()  # keyed by aggregateid
+    assert msg.value() == payload  # passed through byte for byte
+    assert payload[0] == 0  # Confluent frame: magic byte, then the schema id
+    expected = {
+        "ce_id": env.id,
+        "ce_type": LATENCY,
+        "ce_source": "/flotilla/tests",
+        "ce_specversion": "1.0",
+        "ce_time": env.time,
+        "ce_correlationid": incident,
+        "ce_hops": str(env.hops),
+        "ce_traceparent": env.traceparent,
+        "content-type": CONTENT_TYPE,
+    }
+    for name, want in expected.items():
+        assert header(msg, name) == want.encode(), name
+    assert Envelope.from_headers(msg.headers()) == env
+
+    # A consumer with its own registry client decodes through the registry.
+    decoded = AvroSerde(registry_client(stack.schema_registry_url)).deserialize(msg.value())
+    assert decoded.record_name == LATENCY
+    assert decoded.value == {**value, "eventId": uuid.UUID(value["eventId"])}
+
+
+def test_state_change_and_record_commit_together_or_not_at_all(
+    stack: StackSettings, serde: AvroSerde, incidents: Consumer
+) -> None:
+    outbox = Outbox(serde)
+    rolled_back = f"incident-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(RuntimeError, match="handler crashed"), psycopg.connect(stack.pg_dsn(DB)) as conn:
+        _, lost_env = _open_incident(conn, outbox, rolled_back)
+        raise RuntimeError("handler crashed after writing")
+    assert _row_counts(stack, rolled_back) == (0, 0)
+
+    committed = f"incident-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        _, kept_env = _open_incident(conn, outbox, committed)
+    assert _row_counts(stack, committed) == (1, 1)
+
+    # Records on one partition arrive in order; use a record on the rolled-back key's
+    # partition as the sentinel after which the lost record can no longer appear.
+    seen: list[bytes] = []
+    sentinel_env = Envelope(type=LATENCY, source="/flotilla/tests", correlationid=rolled_back)
+    sentinel_value = {**latency_fact(rolled_back)[0], "eventId": sentinel_env.id}
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        outbox.append(conn, topic="incidents", key=rolled_back, value=sentinel_value, envelope=sentinel_env)
+    for target in (kept_env.id, sentinel_env.id):
+        msg = wait_for(incidents, lambda m, t=target: (seen.append(header(m, "ce_id") or b"") or True) and by_event_id(t)(m))
+        assert msg is not None
+    assert lost_env.id.encode() not in seen
+
+
+def test_invalid_record_is_refused_before_insert_naming_the_field(stack: StackSettings, serde: AvroSerde) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    value, env = latency_fact(incident)
+    bad = {k: v for k, v in value.items() if k != "observedAt"} | {"p95LatencyMs": "very slow"}
+    with pytest.raises(RecordValidationError) as caught, psycopg.connect(stack.pg_dsn(DB)) as conn:
+        conn.execute("INSERT INTO incident_state (incident_id, status) VALUES (%s, 'detected')", (incident,))
+        Outbox(serde).append(conn, topic="incidents", key=incident, value=bad, envelope=env)
+    message = str(caught.value)
+    assert "field 'p95LatencyMs': expected double, got str 'very slow'" in message
+    assert "field 'observedAt' is missing" in message
+    assert caught.value.subject == f"incidents-{LATENCY}"
+    assert _row_counts(stack, incident) == (0, 0)
+
+
+def test_rows_written_before_the_connector_exists_are_published(stack: StackSettings, serde: AvroSerde) -> None:
+    late_db = f"flotilla_it_late_{uuid.uuid4().hex[:6]}"
+    from flotilla.bootstrap import ensure_database
+    from flotilla.outbox import migrate
+
+    ensure_database(stack, late_db)
+    with psycopg.connect(stack.pg_dsn(late_db)) as conn:
+        migrate(conn)
+        value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
+        payload = Outbox(serde).append(conn, topic="incidents", key=env.correlationid, value=value, envelope=env)
+    consumer = Consumer(
+        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"test-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe(["incidents"])
+    try:
+        bootstrap_outbox(stack, late_db)
+        msg = wait_for(consumer, by_event_id(env.id), timeout=60)
+        assert msg.value() == payload
+    finally:
+        consumer.close()
+        drop_outbox(stack, late_db)
+
+
+def test_connector_registration_is_idempotent(stack: StackSettings, outbox_db: str) -> None:
+    name = connectors.connector_name(outbox_db)
+    before = time.monotonic()
+    connectors.register_connector(stack.connect_url, name, connectors.outbox_connector_config(outbox_db))
+    connectors.wait_running(stack.connect_url, name, timeout=30)
+    with urllib.request.urlopen(f"{stack.connect_url}/connectors/{name}/config", timeout=5) as resp:
+        live = json.loads(resp.read())
+    assert {k: v for k, v in live.items() if k != "name"} == connectors.outbox_connector_config(outbox_db)
+    assert time.monotonic() - before < 30
