@@ -725,6 +725,10 @@ def up() -> None:
     pg_bindir = _pg_bindir()
     pg_user = _pg_os_user()
     pgdata = _pg_data_dir(pg_user)
+    if pgdata != DATA / "postgres" and pgdata.exists() and not (DATA / "kafka").exists():
+        # A cluster outside .stack left by an earlier checkout at this path: its
+        # replication slots and registry ids would not match a fresh Kafka. Start clean.
+        shutil.rmtree(pgdata)
     if not _supervisord_running():
         _init_postgres(pg_bindir, pg_user, pgdata)
         conf = _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)

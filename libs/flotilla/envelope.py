@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/avro"
 DEFAULT_HOPS = 16
+
+
+# What confluent-kafka hands out as a message's headers (a list of pairs, or a dict
+# when produced from one), with str or bytes values.
+RawHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None
+
+
+def header_pairs(headers: RawHeaders) -> Iterator[tuple[str, bytes | None]]:
+    """Headers as (name, bytes-or-None) pairs, whatever shape the client gave."""
+    pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
+    for key, value in pairs:
+        yield key, value.encode() if isinstance(value, str) else value
 
 
 def _now() -> str:
@@ -60,10 +72,10 @@ class Envelope:
         return [(k, v.encode()) for k, v in pairs.items() if v is not None]
 
     @classmethod
-    def from_headers(cls, headers: Iterable[tuple[str, bytes | None]] | None) -> Envelope:
+    def from_headers(cls, headers: RawHeaders) -> Envelope:
         """Read the attributes back; raises ValueError naming a missing or bad header."""
         found: dict[str, str] = {}
-        for key, raw in headers or ():
+        for key, raw in header_pairs(headers):
             if key.startswith("ce_") and raw is not None:
                 found[key[3:]] = raw.decode("utf-8", errors="replace")
         missing = [k for k in ("id", "type", "source", "correlationid", "hops") if k not in found]

@@ -39,11 +39,11 @@ def _local_env_file() -> Path:
 def stack() -> Iterator[StackSettings]:
     choice = os.environ.get("FLOTILLA_TEST_STACK", "auto")
     if choice == "testcontainers":
-        from flotilla.testing.containers import docker_available, start_compose_infrastructure
+        from flotilla.testing.containers import ComposeStack, docker_available
 
         if not docker_available():
             pytest.fail("FLOTILLA_TEST_STACK=testcontainers but no Docker engine answers")
-        with start_compose_infrastructure() as env:
+        with ComposeStack() as env:
             os.environ.update(env)
             yield StackSettings()
         return

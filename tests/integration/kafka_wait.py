@@ -1,30 +1,16 @@
-"""Small Kafka helpers for tests: a consumer positioned at the end, and waiting for records."""
+"""Waiting for records in tests; ``tail_consumer`` is the library's."""
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message
 
+from flotilla import tailing as headers
+from flotilla.tailing import tail_consumer
 
-def tail_consumer(bootstrap: str, topic: str) -> Consumer:
-    """A consumer assigned every partition of ``topic`` at its current end offset.
-
-    Offsets are resolved here, synchronously: with ``auto.offset.reset=latest`` they
-    would be resolved at the first fetch, and a record produced in between is skipped.
-    """
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}", "enable.auto.commit": False}
-    )
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    assignment = []
-    for partition in partitions:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        assignment.append(TopicPartition(topic, partition, high))
-    consumer.assign(assignment)
-    return consumer
+__all__ = ["by_event_id", "header", "tail_consumer", "wait_for"]
 
 
 def wait_for(consumer: Consumer, match: Callable[[Message], bool], timeout: float = 30) -> Message:
@@ -40,10 +26,7 @@ def wait_for(consumer: Consumer, match: Callable[[Message], bool], timeout: floa
 
 
 def header(msg: Message, name: str) -> bytes | None:
-    for key, value in msg.headers() or []:
-        if key == name:
-            return value
-    return None
+    return headers.header(msg.headers(), name)
 
 
 def by_event_id(event_id: str) -> Callable[[Message], bool]:

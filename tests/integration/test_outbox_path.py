@@ -11,13 +11,12 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from flotilla import connectors
@@ -27,28 +26,14 @@ from flotilla.envelope import CONTENT_TYPE, Envelope
 from flotilla.outbox import Outbox
 from flotilla.serde import AvroSerde, RecordValidationError, registry_client
 from flotilla.settings import StackSettings
+from flotilla.testing.samples import SERVICE_LATENCY_INCREASED as LATENCY
+from flotilla.testing.samples import latency_fact
 
 from .kafka_wait import by_event_id, header, tail_consumer, wait_for
 
-LATENCY = "dev.flotilla.incidents.ServiceLatencyIncreased"
 DB = "flotilla_it_outbox"
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def latency_fact(incident: str) -> tuple[dict[str, Any], Envelope]:
-    value = {
-        "eventId": str(uuid.uuid4()),
-        "incidentId": incident,
-        "service": "checkout-api",
-        "environment": "production",
-        "p95LatencyMs": 1840.0,
-        "thresholdMs": 500.0,
-        "windowSeconds": 60,
-        "observedAt": datetime.now(UTC).replace(microsecond=0),
-    }
-    env = Envelope(type=LATENCY, source="/flotilla/tests", correlationid=incident, id=value["eventId"])
-    return value, env
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +82,12 @@ def test_registry_enforces_backward_compatibility_globally(stack: StackSettings)
 
     client = registry_client(stack.schema_registry_url)
     topic = f"it-compat-{uuid.uuid4().hex[:8]}"
-    v1 = {"type": "record", "name": "Probe", "namespace": "dev.flotilla.tests", "fields": [{"name": "a", "type": "string"}]}
+    v1 = {
+        "type": "record",
+        "name": "Probe",
+        "namespace": "dev.flotilla.tests",
+        "fields": [{"name": "a", "type": "string"}],
+    }
     register(client, Contract(topic, v1))
     required_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int"}]}  # type: ignore[list-item]
     with pytest.raises(IncompatibleSchemaError, match=rf"{topic}-dev.flotilla.tests.Probe.*incompatible"):
@@ -163,9 +153,16 @@ def test_state_change_and_record_commit_together_or_not_at_all(
     sentinel_value = {**latency_fact(rolled_back)[0], "eventId": sentinel_env.id}
     with psycopg.connect(stack.pg_dsn(DB)) as conn:
         outbox.append(conn, topic="incidents", key=rolled_back, value=sentinel_value, envelope=sentinel_env)
-    for target in (kept_env.id, sentinel_env.id):
-        msg = wait_for(incidents, lambda m, t=target: (seen.append(header(m, "ce_id") or b"") or True) and by_event_id(t)(m))
-        assert msg is not None
+
+    def note_and_match(target: str) -> Callable[[Message], bool]:
+        def match(msg: Message) -> bool:
+            seen.append(header(msg, "ce_id") or b"")
+            return by_event_id(target)(msg)
+
+        return match
+
+    wait_for(incidents, note_and_match(kept_env.id))
+    wait_for(incidents, note_and_match(sentinel_env.id))
     assert lost_env.id.encode() not in seen
 
 
@@ -194,7 +191,11 @@ def test_rows_written_before_the_connector_exists_are_published(stack: StackSett
         value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
         payload = Outbox(serde).append(conn, topic="incidents", key=env.correlationid, value=value, envelope=env)
     consumer = Consumer(
-        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"test-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+        {
+            "bootstrap.servers": stack.kafka_bootstrap,
+            "group.id": f"test-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+        }
     )
     consumer.subscribe(["incidents"])
     try:

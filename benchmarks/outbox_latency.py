@@ -1,0 +1,82 @@
+"""Outbox-commit → consumer latency on the real stack.
+
+Each row is committed in its own transaction (with a state change, as a service
+would), then the script waits until a consumer receives it before committing the next,
+so the figure is the latency of one hop with no queueing: PostgreSQL commit → WAL →
+Debezium → Connect's producer → broker → consumer. Prints p50/p90/p99/max.
+
+    make bench-outbox            # or: .venv/bin/python benchmarks/outbox_latency.py --rows 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+import psycopg
+
+from flotilla.bootstrap import bootstrap_outbox
+from flotilla.contracts import register_all
+from flotilla.outbox import Outbox
+from flotilla.serde import AvroSerde, registry_client
+from flotilla.settings import load_settings
+from flotilla.tailing import header, tail_consumer
+from flotilla.testing.samples import latency_fact
+
+DB = "flotilla_bench"
+
+
+def percentile(sorted_ms: list[float], p: float) -> float:
+    index = min(len(sorted_ms) - 1, max(0, round(p / 100 * len(sorted_ms)) - 1))
+    return sorted_ms[index]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+
+    settings = load_settings()
+    client = registry_client(settings.schema_registry_url)
+    register_all(client)
+    serde = AvroSerde(client)
+    outbox = Outbox(serde)
+    bootstrap_outbox(settings, DB)
+    consumer = tail_consumer(settings.kafka_bootstrap, "incidents", **{"fetch.wait.max.ms": 5})
+    latencies: list[float] = []
+    with psycopg.connect(settings.pg_dsn(DB)) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_state (incident_id text PRIMARY KEY, seen int NOT NULL)")
+        conn.commit()
+        for i in range(args.warmup + args.rows):
+            incident = f"incident-bench-{uuid.uuid4().hex[:8]}"
+            value, env = latency_fact(incident, source="/flotilla/bench")
+            conn.execute("INSERT INTO bench_state VALUES (%s, %s)", (incident, i))
+            outbox.append(conn, topic="incidents", key=incident, value=value, envelope=env)
+            conn.commit()
+            committed = time.perf_counter()
+            want = env.id.encode()
+            deadline = committed + 30
+            while True:
+                msg = consumer.poll(0.05)
+                now = time.perf_counter()
+                if msg is not None and not msg.error() and header(msg.headers(), "ce_id") == want:
+                    break
+                if now > deadline:
+                    raise SystemExit(f"row {i} not received within 30 s")
+            if i >= args.warmup:
+                latencies.append((now - committed) * 1000)
+    consumer.close()
+    latencies.sort()
+    print(f"outbox-commit -> consumer latency over {len(latencies)} rows (after {args.warmup} warm-up rows)")
+    print(
+        f"  p50 {percentile(latencies, 50):.1f} ms   p90 {percentile(latencies, 90):.1f} ms   "
+        f"p99 {percentile(latencies, 99):.1f} ms   max {latencies[-1]:.1f} ms   "
+        f"mean {statistics.fmean(latencies):.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Reading a topic from "now" on, for tools, demos, benchmarks and tests.
+
+Not the services' consumer loop (that one commits offsets after its database
+transaction); this is a throwaway reader that never joins a group.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Consumer, TopicPartition
+
+from flotilla.envelope import RawHeaders, header_pairs
+
+
+def tail_consumer(bootstrap: str, topic: str, **config: str | int | bool) -> Consumer:
+    """A consumer assigned every partition of ``topic`` at its current end offset.
+
+    Offsets are resolved here, synchronously: with ``auto.offset.reset=latest`` they
+    would be resolved at the first fetch, and a record produced in between is skipped.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"flotilla-tail-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    assignment = []
+    for partition in partitions:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        assignment.append(TopicPartition(topic, partition, high))
+    consumer.assign(assignment)
+    return consumer
+
+
+def header(headers: RawHeaders, name: str) -> bytes | None:
+    """The first value of header ``name`` (Kafka headers are a list and may repeat)."""
+    for key, value in header_pairs(headers):
+        if key == name:
+            return value
+    return None

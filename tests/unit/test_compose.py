@@ -1,0 +1,519 @@
+"""docker-compose.yml stays the same stack as the local one (infra/local/stackctl.py).
+
+Fast and offline: the compose file is read as YAML and checked against the local
+stack's ports, topics and registry compatibility, the generated connector and init
+SQL against their Python sources, and the testcontainers starter against the compose
+file (with stand-in testcontainers classes: no Docker engine runs here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from flotilla.connectors import connector_name, outbox_connector_config
+from flotilla.outbox import OUTBOX_MIGRATION
+from flotilla.testing import containers
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+CONNECTOR_FILE = REPO_ROOT / "infra" / "connectors" / "outbox-flotilla.json"
+INIT_SQL = REPO_ROOT / "infra" / "compose" / "postgres-init" / "01-outbox.sql"
+RENDER = REPO_ROOT / "infra" / "connectors" / "render.py"
+
+# compose service -> key of stackctl.PORTS
+PORT_KEYS = {"postgres": "postgres", "kafka": "kafka", "schema-registry": "registry", "connect": "connect"}
+INFRA = tuple(PORT_KEYS)
+INIT_JOBS = ("kafka-init", "registry-init", "connect-init")
+FINAL_CONDITIONS = {"service_healthy", "service_completed_successfully"}
+
+
+def _load_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the body runs
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+@pytest.fixture(scope="module")
+def stackctl() -> Iterator[ModuleType]:
+    """stackctl as it stands by default: port overrides from the environment are ignored."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("PG", "KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "REGISTRY_MANAGEMENT", "CONNECT"):
+            mp.delenv(f"FLOTILLA_{var}_PORT", raising=False)
+        yield _load_module("_stackctl_under_test", REPO_ROOT / "infra" / "local" / "stackctl.py")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    doc = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    svc = compose["services"]
+    assert isinstance(svc, dict)
+    return svc
+
+
+def _script(service: dict[str, Any]) -> str:
+    """The shell script of an init job: entrypoint `/bin/sh -ec`, command [script]."""
+    assert service["entrypoint"][0] in ("/bin/sh", "sh")
+    assert service["entrypoint"][1].startswith("-") and "c" in service["entrypoint"][1]
+    command = service["command"]
+    assert isinstance(command, list) and len(command) == 1
+    return str(command[0])
+
+
+def _opt(argv: list[str], *names: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg in names:
+            return argv[i + 1]
+    raise AssertionError(f"none of {names} in {argv}")
+
+
+# ------------------------------------------------------------------ structure
+
+
+def test_compose_has_the_stack_and_its_init_jobs(services: dict[str, dict[str, Any]]) -> None:
+    assert set(services) == set(INFRA) | set(INIT_JOBS)
+
+
+def test_every_image_is_pinned(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        image = svc["image"]
+        repo, _, tag = image.rpartition(":")
+        assert repo and "/" not in tag, f"{name}: image {image!r} has no tag"
+        assert tag and tag != "latest", f"{name}: image {image!r} is not pinned"
+
+
+def test_long_running_services_have_healthchecks(services: dict[str, dict[str, Any]]) -> None:
+    for name in INFRA:
+        check = services[name].get("healthcheck")
+        assert check and not check.get("disable"), f"{name} has no healthcheck"
+        test = check["test"]
+        assert isinstance(test, list) and test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+        containers.parse_duration(check["interval"])  # readable by the testcontainers starter
+        containers.parse_duration(check["timeout"])
+
+
+def test_init_jobs_run_once_and_publish_nothing(services: dict[str, dict[str, Any]]) -> None:
+    for name in INIT_JOBS:
+        svc = services[name]
+        assert svc.get("restart") == "no", f"{name} must not restart"
+        assert "ports" not in svc and "healthcheck" not in svc, name
+
+
+def test_every_dependency_waits_for_health_or_completion(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), f"{name}: depends_on must use the long form with a condition"
+        for dep, cfg in deps.items():
+            assert dep in services, f"{name} depends on unknown {dep}"
+            condition = cfg["condition"]
+            assert condition in FINAL_CONDITIONS, f"{name} -> {dep}: {condition}"
+            expected = "service_completed_successfully" if dep in INIT_JOBS else "service_healthy"
+            assert condition == expected, f"{name} -> {dep} should be {expected}"
+    assert services["connect-init"]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
+    assert {"connect", "postgres"} <= set(services["connect-init"]["depends_on"])
+
+
+def test_host_ports_match_the_local_stack_on_loopback(
+    services: dict[str, dict[str, Any]], stackctl: ModuleType
+) -> None:
+    for name, svc in services.items():
+        bindings = [containers._port(p) for p in svc.get("ports", [])]
+        assert all(b.host_ip == "127.0.0.1" for b in bindings), f"{name} publishes beyond loopback"
+        if name in PORT_KEYS:
+            assert [b.host_port for b in bindings] == [stackctl.PORTS[PORT_KEYS[name]]], name
+
+
+def test_port_syntax_without_a_host_address_is_refused() -> None:
+    with pytest.raises(containers.ComposeSpecError):
+        containers._port("18081:8081")
+
+
+# ----------------------------------------------------------------------- kafka
+
+
+def test_kafka_advertises_the_published_port_and_an_internal_listener(
+    services: dict[str, dict[str, Any]], stackctl: ModuleType
+) -> None:
+    env = services["kafka"]["environment"]
+    advertised = dict(item.split("://") for item in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    listeners = dict(item.split("://") for item in env["KAFKA_LISTENERS"].split(","))
+    published = containers._port(services["kafka"]["ports"][0])
+    assert advertised["EXTERNAL"] == f"127.0.0.1:{stackctl.PORTS['kafka']}"
+    assert listeners["EXTERNAL"].rsplit(":", 1)[1] == str(published.container_port)
+    assert advertised["INTERNAL"] == "kafka:9092"
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # as the local stack: topics come from kafka-init
+    assert services["connect"]["environment"]["BOOTSTRAP_SERVERS"] == advertised["INTERNAL"]
+    registry_store = services["schema-registry"]["environment"]["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"]
+    assert registry_store.endswith(advertised["INTERNAL"])
+
+
+def _topic_args(line: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--bootstrap-server", required=True)
+    parser.add_argument("--create", action="store_true")
+    parser.add_argument("--if-not-exists", action="store_true")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--partitions", type=int, required=True)
+    parser.add_argument("--replication-factor", type=int, required=True)
+    parser.add_argument("--config", action="append", default=[])
+    argv = shlex.split(line)
+    assert argv[0].endswith("/kafka-topics.sh"), line
+    return parser.parse_args(argv[1:])
+
+
+def test_kafka_init_creates_the_local_stacks_topics(services: dict[str, dict[str, Any]], stackctl: ModuleType) -> None:
+    lines = [line for line in _script(services["kafka-init"]).splitlines() if line.strip()]
+    created = {}
+    for line in lines:
+        args = _topic_args(line)
+        assert args.create and args.if_not_exists, f"not idempotent: {line}"
+        assert args.bootstrap_server == "kafka:9092"
+        assert args.replication_factor == 1
+        created[args.topic] = (args.partitions, dict(c.split("=", 1) for c in args.config))
+    assert created == stackctl.TOPICS
+    assert services["kafka-init"]["image"] == services["kafka"]["image"]
+
+
+# -------------------------------------------------------------------- registry
+
+
+def test_registry_init_sets_the_local_stacks_compatibility(
+    services: dict[str, dict[str, Any]], stackctl: ModuleType
+) -> None:
+    argv = shlex.split(_script(services["registry-init"]))
+    assert argv[0] == "curl" and "-f" in "".join(a for a in argv if a.startswith("-") and not a.startswith("--"))
+    assert _opt(argv, "-X", "--request") == "PUT"
+    assert argv[-1] == "http://schema-registry:8081/config"
+    assert json.loads(_opt(argv, "--data", "-d", "--data-binary")) == {"compatibility": stackctl.GLOBAL_COMPATIBILITY}
+    internal = containers._port(services["schema-registry"]["ports"][0]).container_port
+    assert f":{internal}/" in argv[-1]
+
+
+# --------------------------------------------------------- connector and Connect
+
+
+def test_connector_json_is_the_python_definition() -> None:
+    doc = json.loads(CONNECTOR_FILE.read_text())
+    assert doc == {"name": connector_name("flotilla"), "config": outbox_connector_config("flotilla")}
+
+
+def test_render_check_passes_on_the_committed_files() -> None:
+    proc = subprocess.run([sys.executable, str(RENDER), "--check"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_render_check_flags_a_stale_file(tmp_path: Path) -> None:
+    render = _load_module("_render_under_test", RENDER)
+    good, bad, missing = tmp_path / "good.json", tmp_path / "bad.json", tmp_path / "missing.json"
+    good.write_text("{}\n")
+    bad.write_text('{"edited": "by hand"}\n')
+    assert render.stale({good: "{}\n", bad: "{}\n", missing: "{}\n"}) == [bad, missing]
+
+
+def test_connect_init_puts_exactly_the_connector_config(services: dict[str, dict[str, Any]]) -> None:
+    svc = services["connect-init"]
+    assert "./infra/connectors:/connectors:ro" in svc["volumes"]
+    stages = _script(svc).strip().split(" | ")
+    extract, put = stages[:-1], shlex.split(stages[-1])
+    # Run the extraction here (POSIX sed, as busybox's in the curl image) on the real file.
+    local = " | ".join(extract).replace("/connectors/", f"{REPO_ROOT}/infra/connectors/")
+    out = subprocess.run(["sh", "-ec", local], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == outbox_connector_config("flotilla")
+    assert put[0] == "curl" and _opt(put, "-X", "--request") == "PUT"
+    assert _opt(put, "--data-binary") == "@-"
+    internal = containers._port(services["connect"]["ports"][0]).container_port
+    assert put[-1] == f"http://connect:{internal}/connectors/{connector_name('flotilla')}/config"
+
+
+def test_connect_resolves_every_env_reference_of_the_connector(services: dict[str, dict[str, Any]]) -> None:
+    env = services["connect"]["environment"]
+    assert env["CONNECT_CONFIG_PROVIDERS"] == "env"
+    assert env["CONNECT_CONFIG_PROVIDERS_ENV_CLASS"] == "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+    refs = {m for v in outbox_connector_config("flotilla").values() for m in re.findall(r"\$\{env:([A-Z_]+)\}", v)}
+    assert refs == {"FLOTILLA_PG_HOST", "FLOTILLA_PG_PORT", "FLOTILLA_PG_USER", "FLOTILLA_PG_PASSWORD"}
+    assert refs <= set(env)
+    pg = services["postgres"]
+    assert env["FLOTILLA_PG_HOST"] == "postgres"
+    assert env["FLOTILLA_PG_PORT"] == str(containers._port(pg["ports"][0]).container_port)
+    assert env["FLOTILLA_PG_USER"] == pg["environment"]["POSTGRES_USER"]
+    assert env["FLOTILLA_PG_PASSWORD"] == pg["environment"]["POSTGRES_PASSWORD"]
+    assert pg["environment"]["POSTGRES_DB"] == outbox_connector_config("flotilla")["database.dbname"]
+
+
+# -------------------------------------------------------------------- postgres
+
+
+def test_init_sql_is_the_outbox_migration(services: dict[str, dict[str, Any]]) -> None:
+    body = "\n".join(line for line in INIT_SQL.read_text().splitlines() if not line.startswith("--"))
+    assert body.strip() == OUTBOX_MIGRATION.strip()
+    assert "./infra/compose/postgres-init:/docker-entrypoint-initdb.d:ro" in services["postgres"]["volumes"]
+
+
+def test_postgres_runs_with_logical_wal(services: dict[str, dict[str, Any]]) -> None:
+    argv = services["postgres"]["command"]
+    assert argv[0] == "postgres"
+    settings = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-c")
+    assert settings["wal_level"] == "logical"
+    assert int(settings["max_wal_senders"]) >= 1
+    assert int(settings["max_replication_slots"]) >= 1
+    check = " ".join(services["postgres"]["healthcheck"]["test"])
+    assert "pg_isready" in check and "-h 127.0.0.1" in check  # TCP: not fooled by the init-time server
+
+
+# ------------------------------------------------------- testcontainers starter
+
+
+def test_testcontainers_specs_use_the_compose_images(services: dict[str, dict[str, Any]]) -> None:
+    specs = containers.service_specs(COMPOSE_FILE)
+    assert {s.name: s.image for s in specs} == {n: services[n]["image"] for n in INFRA + INIT_JOBS}
+    for spec in specs:
+        assert spec.command == (services[spec.name].get("command") or None)
+        assert spec.environment == {k: str(v) for k, v in (services[spec.name].get("environment") or {}).items()}
+        assert spec.is_init_job == (spec.name in INIT_JOBS)
+    source = Path(containers.__file__).read_text()
+    for svc in services.values():
+        assert svc["image"] not in source, f"{svc['image']} duplicated in containers.py"
+
+
+def test_testcontainers_start_order_honours_depends_on() -> None:
+    order = [s.name for s in containers.service_specs(COMPOSE_FILE)]
+    for spec in containers.service_specs(COMPOSE_FILE):
+        for dep in spec.depends_on:
+            assert order.index(dep) < order.index(spec.name), f"{spec.name} before {dep}"
+
+
+def test_testcontainers_settings_match_the_local_stack(stackctl: ModuleType) -> None:
+    env = containers.stack_settings(containers.service_specs(COMPOSE_FILE, containers.INFRA_SERVICES))
+    local = stackctl.stack_env()
+    assert set(env) == set(local)
+    assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://127.0.0.1:{stackctl.PORTS['registry']}"
+    same = set(local) - {"FLOTILLA_STACK", "FLOTILLA_SCHEMA_REGISTRY_URL"}
+    assert {k: env[k] for k in same} == {k: local[k] for k in same}
+
+
+def test_healthcheck_translates_to_the_docker_sdk_form(services: dict[str, dict[str, Any]]) -> None:
+    spec = containers.service_spec("postgres", services["postgres"], REPO_ROOT)
+    assert spec.healthcheck is not None
+    sdk = spec.healthcheck.docker_sdk()
+    raw = services["postgres"]["healthcheck"]
+    assert sdk["test"] == raw["test"]
+    assert sdk["interval"] == int(containers.parse_duration(raw["interval"]) * 1e9)
+    assert sdk["retries"] == raw["retries"]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5s", 5.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert containers.parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "5 sec", "s5"])
+def test_parse_duration_refuses_garbage(text: str) -> None:
+    with pytest.raises(containers.ComposeSpecError):
+        containers.parse_duration(text)
+
+
+class _FakeContainer:
+    """Records what the starter asks of testcontainers' DockerContainer."""
+
+    exit_codes: dict[str, int] = {}  # noqa: RUF012 - per-test state, reset by the fixture
+    log: list[str] = []  # noqa: RUF012
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+        self.ports: dict[str, Any] = {}
+        self.env: dict[str, str] = {}
+        self.kwargs: dict[str, Any] = {}
+        self.aliases: tuple[str, ...] = ()
+        self.command: list[str] | str | None = None
+        self.volumes: list[tuple[str, str, str]] = []
+        self.waits = False
+        self.network: object = None
+
+    def with_network(self, network: object) -> _FakeContainer:
+        self.network = network
+        return self
+
+    def with_network_aliases(self, *aliases: str) -> _FakeContainer:
+        self.aliases = aliases
+        return self
+
+    def with_envs(self, **env: str) -> _FakeContainer:
+        self.env.update(env)
+        return self
+
+    def with_command(self, command: list[str] | str) -> _FakeContainer:
+        self.command = command
+        return self
+
+    def with_volume_mapping(self, host: str, container: str, mode: str = "ro") -> _FakeContainer:
+        self.volumes.append((host, container, mode))
+        return self
+
+    def waiting_for(self, strategy: object) -> _FakeContainer:
+        self.waits = True
+        return self
+
+    def with_kwargs(self, **kwargs: Any) -> _FakeContainer:
+        self.kwargs = kwargs
+        return self
+
+    def start(self) -> _FakeContainer:
+        self.log.append(f"start {self.aliases[0]}")
+        return self
+
+    def wait(self) -> int:
+        return self.exit_codes.get(self.aliases[0], 0)
+
+    def get_logs(self) -> tuple[bytes, bytes]:
+        return b"it went wrong\n", b""
+
+    def stop(self) -> None:
+        self.log.append(f"stop {self.aliases[0]}")
+
+
+class _FakeNetwork:
+    removed = False
+
+    def create(self) -> _FakeNetwork:
+        return self
+
+    def remove(self) -> None:
+        _FakeNetwork.removed = True
+
+
+class _FakeHealthWait:
+    def with_startup_timeout(self, timeout: int) -> _FakeHealthWait:
+        return self
+
+
+@pytest.fixture
+def fake_testcontainers(monkeypatch: pytest.MonkeyPatch) -> list[_FakeContainer]:
+    made: list[_FakeContainer] = []
+
+    def factory(image: str) -> _FakeContainer:
+        made.append(_FakeContainer(image))
+        return made[-1]
+
+    attrs: dict[str, dict[str, object]] = {
+        "testcontainers": {},
+        "testcontainers.core": {},
+        "testcontainers.core.container": {"DockerContainer": factory},
+        "testcontainers.core.network": {"Network": _FakeNetwork},
+        "testcontainers.core.wait_strategies": {"HealthcheckWaitStrategy": _FakeHealthWait},
+    }
+    for name, members in attrs.items():
+        module = ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        for key, value in members.items():
+            setattr(module, key, value)
+        monkeypatch.setitem(sys.modules, name, module)
+    _FakeContainer.exit_codes = {}
+    _FakeContainer.log = []
+    _FakeNetwork.removed = False
+    return made
+
+
+def test_starter_builds_containers_from_the_compose_file(
+    fake_testcontainers: list[_FakeContainer], services: dict[str, dict[str, Any]], stackctl: ModuleType
+) -> None:
+    with containers.ComposeStack(COMPOSE_FILE) as env:
+        assert env["FLOTILLA_KAFKA_BOOTSTRAP"] == f"127.0.0.1:{stackctl.PORTS['kafka']}"
+        by_alias = {c.aliases[0]: c for c in fake_testcontainers}
+        assert set(by_alias) == set(INFRA) | set(INIT_JOBS)
+        assert len({id(c.network) for c in fake_testcontainers}) == 1  # one network for all
+        for name, c in by_alias.items():
+            svc = services[name]
+            assert c.image == svc["image"]
+            if name in INIT_JOBS:
+                assert not c.waits and "healthcheck" not in c.kwargs
+                assert c.kwargs["entrypoint"] == svc["entrypoint"]
+            else:
+                assert c.waits and c.kwargs["healthcheck"]["test"] == svc["healthcheck"]["test"]
+        pg = by_alias["postgres"]
+        assert pg.ports == {"5432/tcp": ("127.0.0.1", stackctl.PORTS["postgres"])}
+        assert pg.volumes == [(str(INIT_SQL.parent), "/docker-entrypoint-initdb.d", "ro")]
+        assert by_alias["connect"].env["FLOTILLA_PG_HOST"] == "postgres"
+    started = [e.split()[1] for e in _FakeContainer.log if e.startswith("start ")]
+    stopped = [e.split()[1] for e in _FakeContainer.log if e.startswith("stop ")]
+    assert len(started) == len(INFRA) + len(INIT_JOBS) and stopped == list(reversed(started))
+    assert _FakeNetwork.removed
+
+
+def test_starter_fails_loudly_and_cleans_up_when_an_init_job_fails(
+    fake_testcontainers: list[_FakeContainer],
+) -> None:
+    _FakeContainer.exit_codes = {"kafka-init": 1}
+    stack = containers.ComposeStack(COMPOSE_FILE)
+    with pytest.raises(containers.StackStartError, match="kafka-init exited 1") as err:
+        stack.start()
+    assert "it went wrong" in str(err.value)
+    started = [e.split()[1] for e in _FakeContainer.log if e.startswith("start ")]
+    stopped = [e.split()[1] for e in _FakeContainer.log if e.startswith("stop ")]
+    assert stopped == list(reversed(started)) and "connect-init" not in started
+    assert _FakeNetwork.removed
+
+
+# --------------------------------------------------------------- docker engine
+
+
+def test_docker_available_is_false_quickly_when_no_engine_answers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+    t0 = time.monotonic()
+    assert containers.docker_available(timeout=2) is False
+    monkeypatch.setitem(sys.modules, "docker", None)  # the SDK absent: the CLI path answers
+    assert containers.docker_available(timeout=2) is False
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker CLI either
+    assert containers.docker_available(timeout=2) is False
+    assert time.monotonic() - t0 < 10
+
+
+def _compose_plugin() -> bool:
+    try:
+        proc = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    if not _compose_plugin():
+        pytest.skip("the docker compose plugin is not installed")
+    proc = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE_FILE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
