@@ -79,20 +79,28 @@ class StackError(RuntimeError):
     """A failure the operator can act on; the message says what and where."""
 
 
-def _port(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-PORTS = {
-    "postgres": _port("FLOTILLA_PG_PORT", 55432),
-    "kafka": _port("FLOTILLA_KAFKA_PORT", 19092),
-    "kafka-controller": _port("FLOTILLA_KAFKA_CONTROLLER_PORT", 19093),
-    "registry": _port("FLOTILLA_REGISTRY_PORT", 18081),
+# The environment variable that moves each port (named in error messages).
+PORT_ENV = {
+    "postgres": "FLOTILLA_PG_PORT",
+    "kafka": "FLOTILLA_KAFKA_PORT",
+    "kafka-controller": "FLOTILLA_KAFKA_CONTROLLER_PORT",
+    "registry": "FLOTILLA_REGISTRY_PORT",
+    "registry-management": "FLOTILLA_REGISTRY_MANAGEMENT_PORT",
+    "connect": "FLOTILLA_CONNECT_PORT",
+}
+DEFAULT_PORTS = {
+    "postgres": 55432,
+    "kafka": 19092,
+    "kafka-controller": 19093,
+    "registry": 18081,
     # Quarkus serves health on a separate management port (9000 on every interface by
     # default); pin it to loopback and to our own range.
-    "registry-management": _port("FLOTILLA_REGISTRY_MANAGEMENT_PORT", 18091),
-    "connect": _port("FLOTILLA_CONNECT_PORT", 18083),
+    "registry-management": 18091,
+    "connect": 18083,
 }
+
+
+PORTS = {key: int(os.environ.get(PORT_ENV[key], default)) for key, default in DEFAULT_PORTS.items()}
 HOST = "127.0.0.1"
 # A unix socket path must stay under ~100 bytes, so it lives in /tmp named by a digest
 # of the stack home (several checkouts can each run a stack, on different ports).
@@ -155,14 +163,15 @@ def _java(min_major: int, needed_by: str) -> tuple[str, int]:
     found = shutil.which("java")
     if found:
         candidates.append(Path(found))
-    candidates += sorted(Path(os.environ.get("FLOTILLA_JVM_ROOT", "/usr/lib/jvm")).glob("*/bin/java"))
+    jvm_root = Path(os.environ.get("FLOTILLA_JVM_ROOT", "/usr/lib/jvm"))
+    candidates += sorted(jvm_root.glob("*/bin/java"))
     for java in candidates:
         major = _java_major(java) if java.exists() else None
         if major is not None and major >= min_major:
             return str(java), major
     raise StackError(
         f"Java {min_major} or newer is required by {needed_by} but none was found in JAVA_HOME, "
-        f"on PATH or under /usr/lib/jvm. Install one (e.g. a Temurin {max(min_major, 21)} JDK) "
+        f"on PATH or under {jvm_root}. Install one (e.g. a Temurin {max(min_major, 21)} JDK) "
         "or point JAVA_HOME at it."
     )
 
@@ -710,7 +719,7 @@ def _preflight_ports() -> None:
             if _port_in_use(port):
                 raise StackError(
                     f"port {port} ({key}) for {comp.name} is held by {_port_holder(port)}, not by this stack; "
-                    f"stop that process or move the stack with FLOTILLA_{key.upper().replace('-', '_')}_PORT "
+                    f"stop that process or move the stack with {PORT_ENV[key]} "
                     "(see docs/operations/local-stack.md)"
                 )
 

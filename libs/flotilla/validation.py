@@ -8,7 +8,7 @@ problem, each naming the field, what was expected and what was given.
 
 from __future__ import annotations
 
-import uuid
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +43,12 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
+    """The 8-4-4-4-12 form only: other consumers (Java's UUID.fromString) reject the rest."""
+    return _CANONICAL_UUID.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,9 @@ class RecordValidator:
         self._fields = [
             _Field(
                 name=f["name"],
-                parsed=parse_schema(f["type"], named_schemas=dict(named), _ignore_default_error=True),
+                # expand=True inlines named types a field refers to by name (declared in an
+                # earlier field), so each field validates on its own.
+                parsed=parse_schema(f["type"], named_schemas=dict(named), expand=True, _ignore_default_error=True),
                 label=type_label(f["type"]),
                 required="default" not in f,
                 logical=f["type"].get("logicalType") if isinstance(f["type"], dict) else None,

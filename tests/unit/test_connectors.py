@@ -1,0 +1,128 @@
+"""The Debezium outbox connector definition (no Kafka Connect involved)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flotilla.connectors import POLL_INTERVAL_MS, connector_name, outbox_connector_config
+from flotilla.envelope import Envelope
+from flotilla.outbox import HEADER_COLUMNS, OUTBOX_MIGRATION, OUTBOX_TABLE
+
+ENV_REF = re.compile(r"\$\{env:[A-Z][A-Z0-9_]*\}")
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, str]:
+    return outbox_connector_config("flotilla")
+
+
+def _placements(config: dict[str, str]) -> list[tuple[str, str, str]]:
+    entries = config["transforms.outbox.table.fields.additional.placement"].split(",")
+    return [tuple(entry.split(":")) for entry in entries]  # type: ignore[misc]
+
+
+def test_every_value_is_a_string(config: dict[str, str]) -> None:
+    # Kafka Connect's REST API wants string values; a stray int would be refused.
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in config.items())
+
+
+def test_postgres_connector_over_pgoutput(config: dict[str, str]) -> None:
+    assert config["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
+    assert config["plugin.name"] == "pgoutput"
+    assert config["tasks.max"] == "1"
+    assert config["database.dbname"] == "flotilla"
+
+
+def test_only_the_outbox_table_is_published(config: dict[str, str]) -> None:
+    assert OUTBOX_TABLE == "outbox"
+    assert config["table.include.list"] == "public.outbox"
+    assert config["publication.autocreate.mode"] == "filtered"
+
+
+def test_poll_interval_is_lowered(config: dict[str, str]) -> None:
+    assert int(config["poll.interval.ms"]) == POLL_INTERVAL_MS
+    assert 0 < int(config["poll.interval.ms"]) <= 50
+
+
+def test_event_router_routes_by_aggregatetype_and_keys_by_aggregateid(config: dict[str, str]) -> None:
+    assert config["transforms"] == "outbox"
+    assert config["transforms.outbox.type"] == "io.debezium.transforms.outbox.EventRouter"
+    assert config["transforms.outbox.route.by.field"] == "aggregatetype"
+    assert config["transforms.outbox.route.topic.replacement"] == "${routedByValue}"
+    assert config["transforms.outbox.table.field.event.key"] == "aggregateid"
+    assert config["transforms.outbox.table.field.event.id"] == "id"
+    assert config["transforms.outbox.table.field.event.payload"] == "payload"
+    assert config["transforms.outbox.table.expand.json.payload"] == "false"
+
+
+def test_payload_passes_through_as_raw_bytes(config: dict[str, str]) -> None:
+    assert config["value.converter"] == "org.apache.kafka.connect.converters.ByteArrayConverter"
+    assert config["key.converter"] == "org.apache.kafka.connect.storage.StringConverter"
+    assert "value.converter.schemas.enable" not in config
+
+
+def test_every_header_column_is_placed_as_a_header(config: dict[str, str]) -> None:
+    placements = _placements(config)
+    assert all(len(p) == 3 for p in placements), placements
+    assert all(kind == "header" for _, kind, _ in placements)
+    assert {(col, hdr) for col, _, hdr in placements} == set(HEADER_COLUMNS.items())
+    assert len(placements) == len(HEADER_COLUMNS)
+
+
+def test_placed_headers_are_exactly_the_envelopes_headers(config: dict[str, str]) -> None:
+    placed = {hdr for _, _, hdr in _placements(config)}
+    emitted = {name for name, _ in Envelope(type="t", source="s", correlationid="c", causationid="x").headers()}
+    assert placed == emitted
+
+
+def test_placed_columns_exist_in_the_outbox_table(config: dict[str, str]) -> None:
+    body = OUTBOX_MIGRATION.split("(", 1)[1]
+    columns = set(re.findall(r"^\s+([a-z_]+)\s+(?:uuid|text|bytea|timestamptz)\b", body, flags=re.MULTILINE))
+    assert {"id", "aggregatetype", "aggregateid", "payload"} <= columns
+    assert {col for col, _, _ in _placements(config)} <= columns
+
+
+def test_connection_settings_are_env_references(config: dict[str, str]) -> None:
+    for key in ("database.hostname", "database.port", "database.user", "database.password"):
+        assert ENV_REF.fullmatch(config[key]), f"{key} = {config[key]!r}"
+    assert config["database.password"] == "${env:FLOTILLA_PG_PASSWORD}"
+
+
+def test_no_secret_is_inline() -> None:
+    config = outbox_connector_config("svc")
+    # The local stack's development password is "flotilla"; it must not appear as a value.
+    assert "flotilla" not in config.values()
+    assert not any("password" in k and not ENV_REF.fullmatch(v) for k, v in config.items())
+
+
+def test_connection_overrides_are_used() -> None:
+    config = outbox_connector_config("svc", host="db", port="5433", user="u", password="${env:OTHER}")
+    assert config["database.hostname"] == "db"
+    assert config["database.port"] == "5433"
+    assert config["database.user"] == "u"
+    assert config["database.password"] == "${env:OTHER}"
+
+
+def test_names_are_distinct_per_database() -> None:
+    a = outbox_connector_config("incidents_svc")
+    b = outbox_connector_config("commands_svc")
+    for key in ("slot.name", "publication.name", "topic.prefix", "database.dbname"):
+        assert a[key] != b[key], key
+        assert "incidents_svc" in a[key]
+        assert "commands_svc" in b[key]
+    assert connector_name("incidents_svc") != connector_name("commands_svc")
+    assert connector_name("incidents_svc") == "outbox-incidents_svc"
+
+
+def test_slot_name_is_a_valid_replication_slot_name() -> None:
+    # PostgreSQL slot names: lower-case letters, digits and underscores, at most 63 bytes.
+    slot = outbox_connector_config("flotilla")["slot.name"]
+    assert re.fullmatch(r"[a-z0-9_]{1,63}", slot), slot
+
+
+def test_no_tombstones_and_no_extended_headers(config: dict[str, str]) -> None:
+    assert config["tombstones.on.delete"] == "false"
+    assert config["transforms.outbox.route.tombstone.on.empty.payload"] == "false"
+    assert config["extended.headers.enabled"] == "false"

@@ -1,0 +1,325 @@
+"""AvroSerde: Confluent framing, strict validation and registry caching, offline.
+
+The registry is an in-memory stand-in answering the two calls AvroSerde makes, with
+the confluent-kafka result and error types, and counting how often it is asked.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import RegisteredSchema, Schema
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flotilla.serde import (
+    MAGIC_BYTE,
+    AvroSerde,
+    Decoded,
+    RecordValidationError,
+    SchemaNotRegisteredError,
+    SerdeError,
+    UndecodableRecordError,
+    UnknownSchemaIdError,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_STR = (REPO_ROOT / "schemas" / "incidents" / "ServiceLatencyIncreased.avsc").read_text()
+RECORD = "dev.flotilla.incidents.ServiceLatencyIncreased"
+TOPIC = "incidents"
+SUBJECT = f"{TOPIC}-{RECORD}"
+# Every byte differs, so a little-endian or truncated id would show.
+SCHEMA_ID = 0x0A0B0C0D
+
+
+class FakeRegistry:
+    """Answers get_latest_version / get_schema from dicts; counts every call."""
+
+    def __init__(self) -> None:
+        self.by_subject: dict[str, tuple[int, str]] = {}
+        self.by_id: dict[int, str] = {}
+        self.calls: Counter[tuple[str, object]] = Counter()
+        self.fail_with: SchemaRegistryError | None = None
+
+    def add(self, subject: str, schema_id: int, schema_str: str) -> None:
+        self.by_subject[subject] = (schema_id, schema_str)
+        self.by_id[schema_id] = schema_str
+
+    def get_latest_version(self, subject: str) -> RegisteredSchema:
+        self.calls["get_latest_version", subject] += 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        if subject not in self.by_subject:
+            raise SchemaRegistryError(404, 40401, "Subject not found")
+        schema_id, text = self.by_subject[subject]
+        return RegisteredSchema(
+            subject=subject, version=1, schema_id=schema_id, guid=None, schema=Schema(text, schema_type="AVRO")
+        )
+
+    def get_schema(self, schema_id: int) -> Schema:
+        self.calls["get_schema", schema_id] += 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        if schema_id not in self.by_id:
+            raise SchemaRegistryError(404, 40403, "Schema not found")
+        return Schema(self.by_id[schema_id], schema_type="AVRO")
+
+
+@pytest.fixture
+def registry() -> FakeRegistry:
+    reg = FakeRegistry()
+    reg.add(SUBJECT, SCHEMA_ID, SCHEMA_STR)
+    return reg
+
+
+@pytest.fixture
+def serde(registry: FakeRegistry) -> AvroSerde:
+    return AvroSerde(registry)
+
+
+def _value(**overrides: Any) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "eventId": "6f1c1b52-8a55-4d55-9c69-5e0f4b1e2a10",
+        "incidentId": "incident-204",
+        "service": "checkout-api",
+        "environment": "production",
+        "p95LatencyMs": 812.5,
+        "thresholdMs": 500.0,
+        "windowSeconds": 300,
+        "observedAt": datetime(2024, 5, 1, 12, 0, 0, 123000, tzinfo=UTC),
+    }
+    value.update(overrides)
+    return value
+
+
+def _as_decoded(value: dict[str, Any]) -> dict[str, Any]:
+    """What a reader gets back: the uuid logical type decodes to uuid.UUID."""
+    return {**value, "eventId": uuid.UUID(value["eventId"])}
+
+
+# ------------------------------------------------------------------- framing
+
+
+def test_frame_is_magic_byte_then_big_endian_schema_id(serde: AvroSerde) -> None:
+    data = serde.serialize(TOPIC, RECORD, _value())
+    assert MAGIC_BYTE == 0
+    assert data[0] == 0
+    assert data[1:5] == bytes([0x0A, 0x0B, 0x0C, 0x0D])
+    assert struct.unpack(">I", data[1:5])[0] == SCHEMA_ID
+    assert len(data) > 5 + len("checkout-api")
+
+
+def test_round_trip(serde: AvroSerde) -> None:
+    value = _value()
+    decoded = serde.deserialize(serde.serialize(TOPIC, RECORD, value))
+    assert isinstance(decoded, Decoded)
+    assert decoded.schema_id == SCHEMA_ID
+    assert decoded.record_name == RECORD
+    assert decoded.value == _as_decoded(value)
+    assert decoded.value["observedAt"].tzinfo is not None
+
+
+def test_round_trip_through_a_fresh_reader(registry: FakeRegistry, serde: AvroSerde) -> None:
+    data = serde.serialize(TOPIC, RECORD, _value())
+    reader = AvroSerde(registry)
+    decoded = reader.deserialize(data)
+    assert decoded.record_name == RECORD
+    assert decoded.value == _as_decoded(_value())
+    assert registry.calls["get_schema", SCHEMA_ID] == 1
+
+
+def test_an_omitted_defaulted_field_is_written_with_its_default(serde: AvroSerde) -> None:
+    value = _value()
+    del value["environment"]
+    decoded = serde.deserialize(serde.serialize(TOPIC, RECORD, value))
+    assert decoded.value["environment"] == "production"
+
+
+def test_an_epoch_millis_timestamp_decodes_as_an_aware_datetime(serde: AvroSerde) -> None:
+    decoded = serde.deserialize(serde.serialize(TOPIC, RECORD, _value(observedAt=1_714_564_800_123)))
+    assert decoded.value["observedAt"] == datetime(2024, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
+
+
+def test_a_schema_without_namespace_is_named_by_its_bare_name(registry: FakeRegistry) -> None:
+    bare = '{"type": "record", "name": "Ping", "fields": [{"name": "n", "type": "int"}]}'
+    registry.add("pings-Ping", 7, bare)
+    data = AvroSerde(registry).serialize("pings", "Ping", {"n": 3})
+    decoded = AvroSerde(registry).deserialize(data)
+    assert decoded == Decoded(schema_id=7, record_name="Ping", value={"n": 3})
+
+
+# ------------------------------------------------------------ writer failures
+
+
+def test_an_unregistered_subject_is_refused(serde: AvroSerde, registry: FakeRegistry) -> None:
+    with pytest.raises(SchemaNotRegisteredError, match=re.escape("incidents-dev.flotilla.incidents.Unknown")) as info:
+        serde.serialize(TOPIC, "dev.flotilla.incidents.Unknown", _value())
+    assert isinstance(info.value, SerdeError)
+    assert isinstance(info.value.__cause__, SchemaRegistryError)
+    # The subject is looked up under the topic-record strategy, nothing else.
+    assert registry.calls["get_latest_version", "incidents-dev.flotilla.incidents.Unknown"] == 1
+
+
+def test_the_same_record_on_another_topic_is_another_subject(serde: AvroSerde) -> None:
+    with pytest.raises(SchemaNotRegisteredError, match=re.escape(f"commands-{RECORD}")):
+        serde.serialize("commands", RECORD, _value())
+
+
+def test_other_registry_errors_propagate(serde: AvroSerde, registry: FakeRegistry) -> None:
+    registry.fail_with = SchemaRegistryError(500, 50001, "backend down")
+    with pytest.raises(SchemaRegistryError) as info:
+        serde.serialize(TOPIC, RECORD, _value())
+    assert not isinstance(info.value, SerdeError)
+    assert info.value.http_status_code == 500
+
+
+def test_an_invalid_value_raises_with_subject_and_every_problem(serde: AvroSerde) -> None:
+    value = _value(eventId="not-a-uuid", windowSeconds="300", extra=True)
+    del value["service"]
+    with pytest.raises(RecordValidationError) as info:
+        serde.serialize(TOPIC, RECORD, value)
+    err = info.value
+    assert isinstance(err, SerdeError)
+    assert err.subject == SUBJECT
+    assert len(err.problems) == 4
+    assert any("'eventId'" in p and "UUID" in p for p in err.problems)
+    assert "field 'service' is missing (expected string)" in err.problems
+    assert "field 'windowSeconds': expected int, got str '300'" in err.problems
+    assert "field 'extra' is not in the schema" in err.problems
+    message = str(err)
+    assert message.startswith(SUBJECT)
+    assert all(p in message for p in err.problems)
+
+
+def test_validate_alone_returns_the_writer_and_raises_the_same_way(serde: AvroSerde) -> None:
+    writer = serde.validate(TOPIC, RECORD, _value())
+    assert writer.schema_id == SCHEMA_ID
+    assert writer.full_name == RECORD
+    with pytest.raises(RecordValidationError):
+        serde.validate(TOPIC, RECORD, _value(p95LatencyMs="slow"))
+
+
+# ------------------------------------------------------------ reader failures
+
+
+@pytest.mark.parametrize("data", [None, b"", b"\x00", b"\x00\x00\x00\x00"])
+def test_empty_or_short_input_is_undecodable(serde: AvroSerde, data: bytes | None) -> None:
+    with pytest.raises(UndecodableRecordError, match="shorter than the 5-byte"):
+        serde.deserialize(data)
+
+
+@pytest.mark.parametrize("magic", [1, 0x7F, 0xFF])
+def test_a_wrong_magic_byte_is_undecodable(serde: AvroSerde, registry: FakeRegistry, magic: int) -> None:
+    good = serde.serialize(TOPIC, RECORD, _value())
+    with pytest.raises(UndecodableRecordError, match="magic byte") as info:
+        serde.deserialize(bytes([magic]) + good[1:])
+    assert not isinstance(info.value, UnknownSchemaIdError)
+    assert registry.calls["get_schema", SCHEMA_ID] == 0
+
+
+def test_a_garbled_body_is_undecodable(serde: AvroSerde) -> None:
+    good = serde.serialize(TOPIC, RECORD, _value())
+    bodies = [
+        good[:5],  # frame, no body
+        good[: len(good) // 2],  # truncated mid-record
+        good[:-1],  # last byte of the timestamp missing
+        good[:5] + b"\xff" * 10 + b"\x01",  # absurd string length
+        good[:5] + b"\x48" + b"\xff" * 36 + good[42:],  # 36 bytes that are not UTF-8
+    ]
+    for data in bodies:
+        with pytest.raises(UndecodableRecordError, match=f"schema id {SCHEMA_ID}") as info:
+            serde.deserialize(data)
+        assert RECORD in str(info.value)
+        assert not isinstance(info.value, UnknownSchemaIdError)
+
+
+def test_an_unknown_schema_id_is_reported(serde: AvroSerde, registry: FakeRegistry) -> None:
+    with pytest.raises(UnknownSchemaIdError, match="schema id 999") as info:
+        serde.deserialize(b"\x00" + (999).to_bytes(4, "big") + b"\x02")
+    assert isinstance(info.value, UndecodableRecordError)
+    assert registry.calls["get_schema", 999] == 1
+
+
+def test_registry_errors_other_than_404_propagate_on_read(registry: FakeRegistry) -> None:
+    data = AvroSerde(registry).serialize(TOPIC, RECORD, _value())
+    registry.fail_with = SchemaRegistryError(503, 50301, "unavailable")
+    with pytest.raises(SchemaRegistryError) as info:
+        AvroSerde(registry).deserialize(data)
+    assert not isinstance(info.value, SerdeError)
+
+
+# ------------------------------------------------------------------- caching
+
+
+def test_the_registry_is_asked_once_per_subject(serde: AvroSerde, registry: FakeRegistry) -> None:
+    for _ in range(5):
+        serde.serialize(TOPIC, RECORD, _value())
+    with pytest.raises(RecordValidationError):
+        serde.serialize(TOPIC, RECORD, _value(windowSeconds=None))
+    assert registry.calls["get_latest_version", SUBJECT] == 1
+    registry.add(f"commands-{RECORD}", 11, SCHEMA_STR)
+    serde.serialize("commands", RECORD, _value())
+    serde.serialize("commands", RECORD, _value())
+    assert registry.calls["get_latest_version", f"commands-{RECORD}"] == 1
+    assert registry.calls["get_latest_version", SUBJECT] == 1
+
+
+def test_the_registry_is_asked_once_per_schema_id(registry: FakeRegistry) -> None:
+    data = AvroSerde(registry).serialize(TOPIC, RECORD, _value())
+    reader = AvroSerde(registry)
+    for _ in range(5):
+        reader.deserialize(data)
+    assert registry.calls["get_schema", SCHEMA_ID] == 1
+    assert sum(n for (call, _), n in registry.calls.items() if call == "get_schema") == 1
+
+
+def test_a_writer_primes_the_reader_cache(serde: AvroSerde, registry: FakeRegistry) -> None:
+    data = serde.serialize(TOPIC, RECORD, _value())
+    serde.deserialize(data)
+    assert registry.calls["get_schema", SCHEMA_ID] == 0
+
+
+# ------------------------------------------------------------------ property
+
+_text = st.text(st.characters(codec="utf-8"), max_size=30)
+_double = st.floats(allow_nan=False, allow_infinity=False)
+_observed = st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)).map(
+    lambda dt: dt.replace(microsecond=dt.microsecond // 1000 * 1000)
+)
+
+_valid_values = st.fixed_dictionaries(
+    {
+        "eventId": st.uuids().map(str),
+        "incidentId": _text,
+        "service": _text,
+        "environment": _text,
+        "p95LatencyMs": _double,
+        "thresholdMs": _double,
+        "windowSeconds": st.integers(min_value=-(2**31), max_value=2**31 - 1),
+        "observedAt": _observed,
+    }
+)
+
+_shared_registry = FakeRegistry()
+_shared_registry.add(SUBJECT, SCHEMA_ID, SCHEMA_STR)
+_shared_serde = AvroSerde(_shared_registry)
+
+
+@settings(max_examples=150)
+@given(value=_valid_values)
+def test_any_valid_value_round_trips(value: dict[str, Any]) -> None:
+    decoded = _shared_serde.deserialize(_shared_serde.serialize(TOPIC, RECORD, value))
+    assert decoded.record_name == RECORD
+    got = decoded.value
+    assert got["eventId"] == uuid.UUID(value["eventId"])
+    assert got["observedAt"].tzinfo is not None
+    assert got["observedAt"] == value["observedAt"]
+    assert got == _as_decoded(value)
