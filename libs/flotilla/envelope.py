@@ -9,6 +9,7 @@ trace context.
 
 from __future__ import annotations
 
+import re
 import secrets
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +42,17 @@ def new_traceparent() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def child_traceparent(parent: str) -> str:
+    """The same trace with a new span id; a fresh trace when ``parent`` is not valid W3C."""
+    match = _TRACEPARENT.fullmatch(parent)
+    if not match or match.group(1) == "0" * 32:
+        return new_traceparent()
+    return f"00-{match.group(1)}-{secrets.token_hex(8)}-{match.group(3)}"
+
+
 @dataclass(frozen=True)
 class Envelope:
     """The CloudEvents attributes of one record."""
@@ -54,6 +66,19 @@ class Envelope:
     hops: int = DEFAULT_HOPS
     traceparent: str = field(default_factory=new_traceparent)
     specversion: str = SPEC_VERSION
+
+    def caused(self, type: str, source: str, *, id: str | None = None) -> Envelope:
+        """The envelope of a record this one caused: new id, causation = this id, same
+        correlation, one hop fewer, a child span of this trace."""
+        return Envelope(
+            type=type,
+            source=source,
+            correlationid=self.correlationid,
+            id=id or str(uuid.uuid4()),
+            causationid=self.id,
+            hops=self.hops - 1,
+            traceparent=child_traceparent(self.traceparent),
+        )
 
     def headers(self) -> list[tuple[str, bytes]]:
         """Kafka headers in binary mode (absent optional attributes are left out)."""

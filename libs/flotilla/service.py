@@ -1,0 +1,111 @@
+"""What every service process shares: settings, HTTP surface, and the run loop.
+
+A service is a consumer loop plus a small HTTP server for people and machines:
+``/healthz`` (the process is alive), ``/readyz`` (its database and Kafka answer, and the
+loop is running), ``/metrics`` (Prometheus). The loop runs on the main thread so
+SIGTERM lets it finish the batch in hand; uvicorn serves from a daemon thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from psycopg_pool import ConnectionPool
+from pydantic_settings import SettingsConfigDict
+
+from flotilla.consumer import ConsumerLoop
+from flotilla.settings import StackSettings, default_env_file
+
+log = logging.getLogger(__name__)
+
+
+class ServiceSettings(StackSettings):
+    """Stack settings plus what one service needs; all from ``FLOTILLA_*`` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
+
+    service_name: str = "flotilla-service"
+    service_database: str = "flotilla"
+    http_host: str = "127.0.0.1"
+    http_port: int = 0  # 0: no HTTP server
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> ServiceSettings:
+        path = default_env_file()
+        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
+
+
+def open_pool(settings: ServiceSettings, *, max_size: int = 4) -> ConnectionPool[Any]:
+    """A connection pool on the service's own database, in autocommit mode: every
+    transaction is an explicit ``conn.transaction()`` block."""
+    return ConnectionPool(
+        settings.pg_dsn(settings.service_database),
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        open=True,
+        name=settings.service_name,
+    )
+
+
+def create_app(name: str, ready: Callable[[], bool]) -> FastAPI:
+    """The operational HTTP surface; services add their own routes to it."""
+    app = FastAPI(title=name, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": name}
+
+    @app.get("/readyz")
+    def readyz(response: Response) -> dict[str, str]:
+        if ready():
+            return {"status": "ready", "service": name}
+        response.status_code = 503
+        return {"status": "not ready", "service": name}
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def database_ready(pool: ConnectionPool[Any]) -> bool:
+    try:
+        with pool.connection(timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def serve_http(app: FastAPI, host: str, port: int) -> uvicorn.Server:
+    """Start uvicorn on a daemon thread and return the server (``should_exit`` stops it)."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+    threading.Thread(target=server.run, name="http", daemon=True).start()
+    return server
+
+
+def run(loop: ConsumerLoop, settings: ServiceSettings, pool: ConnectionPool[Any], app: FastAPI | None = None) -> None:
+    """Run a service until SIGTERM/SIGINT: HTTP on a thread, the loop on this one."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    server = None
+    if settings.http_port:
+        app = app or create_app(settings.service_name, lambda: database_ready(pool) and not loop.stopping)
+        server = serve_http(app, settings.http_host, settings.http_port)
+    loop.install_signal_handlers()
+    log.info("%s consuming %s", settings.service_name, ", ".join(loop.config.topics))
+    try:
+        loop.run()
+    finally:
+        if server is not None:
+            server.should_exit = True
+        pool.close()
+        log.info("%s stopped", settings.service_name)

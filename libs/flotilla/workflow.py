@@ -1,0 +1,212 @@
+"""The incident workflow: states, which records each state accepts, and budgets.
+
+Workflow state is explicit and durable (a row per incident in the service's own
+database), never inferred from a conversation. Every accepted record moves the incident
+along a known edge and bumps its version; a record the current state does not accept
+(late, duplicated under a new id, out of order) is a *stale transition*: recorded and
+skipped, never applied. Budgets for LLM tokens, wall time and steps live in the same row,
+so exceeding one is detected in the same transaction that would have spent it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+
+class Status(enum.StrEnum):
+    NEW = "NEW"  # no record seen yet
+    DETECTED = "DETECTED"
+    DIAGNOSING = "DIAGNOSING"
+    DIAGNOSED = "DIAGNOSED"
+    PROPOSED = "PROPOSED"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    AUTHORIZED = "AUTHORIZED"
+    EXECUTED = "EXECUTED"
+    RESOLVED = "RESOLVED"
+    FAILED = "FAILED"
+    COMPENSATED = "COMPENSATED"
+    REJECTED = "REJECTED"
+    DENIED = "DENIED"
+    EXPIRED = "EXPIRED"
+    ESCALATED = "ESCALATED"
+
+
+S = Status
+TERMINAL = frozenset({S.RESOLVED, S.ESCALATED})
+OPEN = frozenset(Status) - TERMINAL - {S.NEW}
+
+_FACT = "dev.flotilla.incidents."
+_DECISION = "dev.flotilla.decisions."
+
+# record type -> (states that accept it, state it leads to; None = stays where it is)
+TRANSITIONS: dict[str, tuple[frozenset[Status], Status | None]] = {
+    _FACT + "ServiceLatencyIncreased": (frozenset({S.NEW}), S.DETECTED),
+    _FACT + "DiagnosisRequested": (frozenset({S.DETECTED}), S.DIAGNOSING),
+    _FACT + "DiagnosticJobStarted": (frozenset({S.DIAGNOSING}), None),
+    _DECISION + "DependencyFailureSuspected": (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
+    _DECISION + "DiagnosisConcluded": (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
+    # A newer proposal may supersede one still waiting for a decision.
+    _DECISION + "RecoveryProposed": (frozenset({S.DIAGNOSED, S.PROPOSED, S.AWAITING_APPROVAL}), S.PROPOSED),
+    _FACT + "HumanApprovalRequired": (frozenset({S.PROPOSED}), S.AWAITING_APPROVAL),
+    _FACT + "RecoveryApproved": (frozenset({S.PROPOSED, S.AWAITING_APPROVAL}), S.AUTHORIZED),
+    _FACT + "RecoveryRejected": (frozenset({S.AWAITING_APPROVAL}), S.REJECTED),
+    _FACT + "ApprovalExpired": (frozenset({S.AWAITING_APPROVAL}), S.EXPIRED),
+    _FACT + "CommandDenied": (frozenset({S.PROPOSED}), S.DENIED),
+    # Multi-step plans execute step after step.
+    _FACT + "RecoveryExecuted": (frozenset({S.AUTHORIZED, S.EXECUTED}), S.EXECUTED),
+    _FACT + "CommandFailed": (frozenset({S.AUTHORIZED, S.EXECUTED}), S.FAILED),
+    _FACT + "RecoveryCompleted": (frozenset({S.EXECUTED}), S.RESOLVED),
+    _FACT + "RecoveryFailed": (frozenset({S.EXECUTED}), S.FAILED),
+    _FACT + "CompensationCompleted": (frozenset({S.FAILED}), S.COMPENSATED),
+    _FACT + "IncidentEscalated": (OPEN, S.ESCALATED),
+    _FACT + "BudgetExceeded": (OPEN, None),
+    _FACT + "LoopTerminated": (frozenset(Status) - {S.NEW}, None),
+}
+
+
+class BudgetKind(enum.StrEnum):
+    LLM_TOKENS = "LLM_TOKENS"
+    WALL_TIME = "WALL_TIME"
+    STEPS = "STEPS"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-incident limits; exceeding one routes the incident to a human."""
+
+    llm_tokens: int = 50_000
+    wall_time: timedelta = timedelta(hours=4)
+    steps: int = 40
+
+
+@dataclass(frozen=True)
+class BudgetOverrun:
+    kind: BudgetKind
+    limit: int
+    used: int
+
+
+@dataclass(frozen=True)
+class IncidentState:
+    """One incident as this service's workflow sees it."""
+
+    incident_id: str
+    status: Status = Status.NEW
+    version: int = 0
+    opened_at: datetime | None = None
+    tokens_used: int = 0
+    steps: int = 0
+    last_event_id: str | None = None
+
+
+class StaleTransition(Exception):
+    """The record is not accepted in the incident's current state."""
+
+    def __init__(self, state: IncidentState, record_type: str) -> None:
+        self.state = state
+        self.record_type = record_type
+        super().__init__(
+            f"{record_type.rsplit('.', 1)[-1]} is not accepted by incident {state.incident_id} "
+            f"in state {state.status} (version {state.version})"
+        )
+
+
+def is_workflow_record(record_type: str) -> bool:
+    """Whether the incident workflow has an opinion on this record type at all."""
+    return record_type in TRANSITIONS
+
+
+def accepts(state: IncidentState, record_type: str) -> bool:
+    """Whether ``record_type`` is a valid next record for the incident in ``state``."""
+    edge = TRANSITIONS.get(record_type)
+    return edge is not None and state.status in edge[0]
+
+
+def transition(state: IncidentState, record_type: str, *, event_id: str, at: datetime) -> IncidentState:
+    """The state after applying ``record_type``; raises StaleTransition if not accepted."""
+    if not accepts(state, record_type):
+        raise StaleTransition(state, record_type)
+    _, target = TRANSITIONS[record_type]
+    return replace(
+        state,
+        status=target or state.status,
+        version=state.version + 1,
+        opened_at=state.opened_at or at,
+        steps=state.steps + 1,
+        last_event_id=event_id,
+    )
+
+
+def overrun(state: IncidentState, budgets: Budgets, now: datetime) -> BudgetOverrun | None:
+    """The first budget this incident has exceeded, if any."""
+    if state.tokens_used > budgets.llm_tokens:
+        return BudgetOverrun(BudgetKind.LLM_TOKENS, budgets.llm_tokens, state.tokens_used)
+    if state.steps > budgets.steps:
+        return BudgetOverrun(BudgetKind.STEPS, budgets.steps, state.steps)
+    if state.opened_at is not None:
+        elapsed = now - state.opened_at
+        if elapsed > budgets.wall_time:
+            return BudgetOverrun(
+                BudgetKind.WALL_TIME, int(budgets.wall_time.total_seconds()), int(elapsed.total_seconds())
+            )
+    return None
+
+
+WORKFLOW_MIGRATION = """
+CREATE TABLE IF NOT EXISTS incident_workflow (
+    incident_id   text        PRIMARY KEY,
+    status        text        NOT NULL,
+    version       integer     NOT NULL,
+    opened_at     timestamptz,
+    tokens_used   bigint      NOT NULL DEFAULT 0,
+    steps         integer     NOT NULL DEFAULT 0,
+    last_event_id text,
+    updated_at    timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+class WorkflowStore:
+    """Loads and saves incident state inside the caller's transaction."""
+
+    @staticmethod
+    def load_for_update(conn: psycopg.Connection[Any], incident_id: str) -> IncidentState:
+        """The incident's state, row-locked until the transaction ends (NEW if unseen)."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                "SELECT incident_id, status, version, opened_at, tokens_used, steps, last_event_id "
+                "FROM incident_workflow WHERE incident_id = %s FOR UPDATE",
+                (incident_id,),
+            ).fetchone()
+        if row is None:
+            return IncidentState(incident_id=incident_id)
+        return IncidentState(**{**row, "status": Status(row["status"])})
+
+    @staticmethod
+    def save(conn: psycopg.Connection[Any], state: IncidentState) -> None:
+        conn.execute(
+            """
+            INSERT INTO incident_workflow
+                (incident_id, status, version, opened_at, tokens_used, steps, last_event_id, updated_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, now())
+            ON CONFLICT (incident_id) DO UPDATE SET
+                status = EXCLUDED.status, version = EXCLUDED.version, opened_at = EXCLUDED.opened_at,
+                tokens_used = EXCLUDED.tokens_used, steps = EXCLUDED.steps,
+                last_event_id = EXCLUDED.last_event_id, updated_at = now()
+            """,
+            (
+                state.incident_id,
+                state.status.value,
+                state.version,
+                state.opened_at,
+                state.tokens_used,
+                state.steps,
+                state.last_event_id,
+            ),
+        )
