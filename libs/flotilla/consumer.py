@@ -59,6 +59,7 @@ LOOP_TERMINATED = "dev.flotilla.incidents.LoopTerminated"
 BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
 INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
 REPORT_TOPIC = "incidents"
+ESCALATION_TARGET = "on-call"  # who an escalated incident is routed to
 
 CONSUMER_MIGRATION = """
 CREATE TABLE IF NOT EXISTS processed_events (
@@ -420,6 +421,7 @@ class ConsumerLoop:
                 "budget": exceeded.kind.value,
                 "limit": exceeded.limit,
                 "used": exceeded.used,
+                "detectedBy": self.config.name,
                 "exceededAt": now,
             },
         )
@@ -431,6 +433,8 @@ class ConsumerLoop:
                 "incidentId": incident,
                 "reason": f"{exceeded.kind.value} budget exceeded: used {exceeded.used} of {exceeded.limit}",
                 "causeEventId": exceeded_env.id,
+                "causeType": BUDGET_EXCEEDED,
+                "escalatedTo": ESCALATION_TARGET,
                 "escalatedAt": now,
             },
         )
@@ -467,6 +471,7 @@ class ConsumerLoop:
                 "incidentId": envelope.correlationid,
                 "droppedEventId": envelope.id,
                 "droppedType": envelope.type,
+                "droppedCausationId": envelope.causationid,
                 "consumer": self.config.name,
                 "originTopic": incoming.topic,
                 "originPartition": incoming.partition,
@@ -474,7 +479,11 @@ class ConsumerLoop:
                 "hops": envelope.hops,
                 "terminatedAt": datetime.now(UTC),
             }
-            self._outbox.append(conn, topic=REPORT_TOPIC, key=envelope.correlationid, value=value, envelope=report)
+            try:
+                self._outbox.append(conn, topic=REPORT_TOPIC, key=envelope.correlationid, value=value, envelope=report)
+            except SerdeError as exc:
+                # e.g. a foreign producer's non-UUID ce_id: still dropped, reported in the log
+                log.error("cannot report the dropped record %s: %s", envelope.id, exc)
 
     def _dead_letter(
         self,

@@ -1,0 +1,322 @@
+"""The consumer loop on the real stack: exactly-once effects, dead letters, loop and
+workflow guards, crash and SIGTERM safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from flotilla import deadletter
+from flotilla.bootstrap import ensure_database
+from flotilla.consumer import ConsumerLoop, migrate
+from flotilla.contracts import load_contracts
+from flotilla.envelope import Envelope
+from flotilla.serde import AvroSerde
+from flotilla.settings import StackSettings
+from flotilla.tailing import header
+from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
+from flotilla.workflow import Budgets
+
+from .kafka_wait import wait_for
+from .loop_worker import DIAGNOSIS_REQUESTED, build_loop
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DB = "flotilla_it_loop"
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def database(stack: StackSettings) -> str:
+    ensure_database(stack, DB)
+    with psycopg.connect(stack.pg_dsn(DB), autocommit=True) as conn:
+        migrate(conn)
+    return DB
+
+
+@pytest.fixture()
+def topic(stack: StackSettings) -> Iterator[str]:
+    """A fresh input topic (3 partitions) and its DLQ, deleted afterwards."""
+    name = f"it-loop-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    for fut in admin.create_topics(
+        [NewTopic(name, num_partitions=3, replication_factor=1), NewTopic(f"{name}.dlq", 1, 1)]
+    ).values():
+        fut.result(15)
+    yield name
+    admin.delete_topics([name, f"{name}.dlq"])
+
+
+def produce(stack: StackSettings, topic: str, records: list[tuple[str, bytes | None, list[tuple[str, bytes]]]]) -> None:
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    for key, value, headers in records:
+        producer.produce(topic, key=key, value=value, headers=headers)
+    assert producer.flush(15) == 0
+
+
+def fact(serde: AvroSerde, incident: str, **overrides: Any) -> tuple[bytes, Envelope]:
+    value, env = latency_fact(incident)
+    value.update(overrides)
+    return serde.serialize("incidents", SERVICE_LATENCY_INCREASED, value), env
+
+
+def drain(loop: ConsumerLoop, expected: int, timeout: float = 60) -> None:
+    """Poll until ``expected`` records were consumed (in however many batches)."""
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while seen < expected:
+        assert time.monotonic() < deadline, f"consumed {seen} of {expected} records"
+        seen += loop.poll_once()
+
+
+def effects(stack: StackSettings, incident: str | None = None) -> list[str]:
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        if incident is None:
+            rows = conn.execute("SELECT event_id FROM effects").fetchall()
+        else:
+            rows = conn.execute("SELECT event_id FROM effects WHERE incident_id = %s", (incident,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def outbox_types(stack: StackSettings, incident: str) -> list[str]:
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        rows = conn.execute(
+            "SELECT type FROM outbox WHERE aggregateid = %s ORDER BY created_at", (incident,)
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def dlq_reader(stack: StackSettings, topic: str) -> Consumer:
+    consumer = Consumer(
+        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([deadletter.dlq_topic(topic)])
+    return consumer
+
+
+def test_a_record_delivered_twice_has_one_effect(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    payload, env = fact(serde, incident)
+    produce(stack, topic, [(incident, payload, env.headers()), (incident, payload, env.headers())])
+    loop, pool = build_loop(stack, topic=topic, database=database, group=f"g-{topic}")
+    try:
+        drain(loop, 2)
+    finally:
+        pool.close()
+    assert effects(stack, incident) == [env.id]
+    # and the caused record went to the outbox, one hop fewer, causation = the fact
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        row = conn.execute(
+            "SELECT type, ce_causationid, ce_hops, ce_correlationid FROM outbox WHERE ce_causationid = %s", (env.id,)
+        ).fetchall()
+    assert row == [("dev.flotilla.incidents.DiagnosisRequested", env.id, str(env.hops - 1), incident)]
+
+
+def test_crash_between_db_commit_and_offset_commit_still_one_effect(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    payload, env = fact(serde, incident)
+    produce(stack, topic, [(incident, payload, env.headers())])
+    group = f"g-{topic}"
+    cmd = [sys.executable, "-m", "tests.integration.loop_worker", "--topic", topic, "--database", database]
+    crashed = subprocess.run([*cmd, "--group", group, "--crash-after-commit"], cwd=REPO_ROOT, timeout=90)
+    assert crashed.returncode == 17  # died after the database commit, before the offsets
+    assert effects(stack, incident) == [env.id]
+
+    # The restarted consumer gets the record again (offsets were never committed) ...
+    loop, pool = build_loop(stack, topic=topic, database=database, group=group)
+    try:
+        drain(loop, 1)
+    finally:
+        pool.close()
+    # ... and the dedupe table absorbs it.
+    assert effects(stack, incident) == [env.id]
+
+
+def test_poison_goes_to_the_dlq_with_context_and_the_partition_moves_on(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"  # one key: every record on one partition
+    good, good_env = fact(serde, incident)
+    invalid, invalid_env = fact(serde, incident, p95LatencyMs=-5.0)
+    failing, failing_env = fact(serde, incident, service="always-fails")
+    unknown_id = struct.pack(">bI", 0, 2_000_000_000) + b"\x02\x04"
+    noise_env = Envelope(type=SERVICE_LATENCY_INCREASED, source="/tests", correlationid=incident)
+    unknown_env = Envelope(type=SERVICE_LATENCY_INCREASED, source="/tests", correlationid=incident)
+    produce(
+        stack,
+        topic,
+        [
+            (incident, os.urandom(64), noise_env.headers()),
+            (incident, unknown_id, unknown_env.headers()),
+            (incident, invalid, invalid_env.headers()),
+            (incident, failing, failing_env.headers()),
+            (incident, good, good_env.headers()),
+        ],
+    )
+    group = f"g-{topic}"
+    loop, pool = build_loop(stack, topic=topic, database=database, group=group)
+    try:
+        drain(loop, 5)
+    finally:
+        pool.close()
+    assert effects(stack, incident) == [good_env.id]  # the record after the poison was handled
+
+    reader = dlq_reader(stack, topic)
+    letters = {}
+    try:
+        for _ in range(4):
+            msg = wait_for(reader, lambda m: True, timeout=30)
+            letters[(header(msg.headers(), "ce_id") or b"").decode()] = msg
+    finally:
+        reader.close()
+    expected = {
+        noise_env.id: ("undecodable", "UndecodableRecordError"),
+        unknown_env.id: ("unknown-schema", "UnknownSchemaIdError"),
+        invalid_env.id: ("invalid-record", "BusinessRuleViolation"),
+        failing_env.id: ("retries-exhausted", "RuntimeError"),
+    }
+    assert set(letters) == set(expected)
+    offsets = set()
+    for event_id, (reason, error_class) in expected.items():
+        msg = letters[event_id]
+        h = {k: (v or b"").decode() for k, v in msg.headers() or []}
+        assert h[deadletter.REASON] == reason
+        assert h[deadletter.ERROR_CLASS] == error_class
+        assert h[deadletter.ORIGIN_TOPIC] == topic
+        assert h[deadletter.CONSUMER] == group
+        assert h[deadletter.ERROR_MESSAGE]
+        assert h[deadletter.FIRST_FAILURE_TIME].startswith("20")
+        offsets.add(int(h[deadletter.ORIGIN_OFFSET]))
+        assert msg.key() == incident.encode()
+    assert len(offsets) == 4
+    failing_headers = {k: (v or b"").decode() for k, v in letters[failing_env.id].headers() or []}
+    assert failing_headers[deadletter.ATTEMPTS] == "4"  # first try + 3 retries
+    assert "metrics backend is down" in failing_headers[deadletter.ERROR_MESSAGE]
+    assert letters[invalid_env.id].value() == invalid  # original bytes kept for re-queueing
+
+
+def test_a_record_with_no_hops_left_is_dropped_and_reported(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    value, env = latency_fact(incident)
+    spent = Envelope(type=env.type, source=env.source, correlationid=incident, id=env.id, hops=0)
+    payload = serde.serialize("incidents", SERVICE_LATENCY_INCREASED, value)
+    produce(stack, topic, [(incident, payload, spent.headers()), (incident, payload, spent.headers())])
+    loop, pool = build_loop(stack, topic=topic, database=database, group=f"g-{topic}")
+    try:
+        drain(loop, 2)
+    finally:
+        pool.close()
+    assert effects(stack, incident) == []
+    assert outbox_types(stack, incident) == ["dev.flotilla.incidents.LoopTerminated"]  # reported once
+
+
+def test_a_stale_transition_is_recorded_and_skipped(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    first, first_env = fact(serde, incident)
+    again, again_env = fact(serde, incident)  # a second "opening" fact under a new id
+    produce(stack, topic, [(incident, first, first_env.headers()), (incident, again, again_env.headers())])
+    loop, pool = build_loop(stack, topic=topic, database=database, group=f"g-{topic}")
+    try:
+        drain(loop, 2)
+    finally:
+        pool.close()
+    assert effects(stack, incident) == [first_env.id]
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        stale = conn.execute(
+            "SELECT event_id, status, version FROM stale_transitions WHERE incident_id = %s", (incident,)
+        ).fetchall()
+        state = conn.execute(
+            "SELECT status, version FROM incident_workflow WHERE incident_id = %s", (incident,)
+        ).fetchone()
+    assert stale == [(again_env.id, "DETECTED", 1)]
+    assert state == ("DETECTED", 1)
+
+
+def test_an_exceeded_budget_escalates_instead_of_handling(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    schema = next(c.schema for c in load_contracts() if c.full_name == DIAGNOSIS_REQUESTED)
+    request = sample_value(schema, incidentId=incident)
+    env = Envelope(type=DIAGNOSIS_REQUESTED, source="/tests", correlationid=incident, id=request["eventId"])
+    produce(stack, topic, [(incident, serde.serialize("incidents", DIAGNOSIS_REQUESTED, request), env.headers())])
+    with psycopg.connect(stack.pg_dsn(DB), autocommit=True) as conn:
+        # the incident is open and has already taken more steps than its budget allows
+        conn.execute(
+            "INSERT INTO incident_workflow (incident_id, status, version, opened_at, steps) "
+            "VALUES (%s, 'DETECTED', 5, now(), 5)",
+            (incident,),
+        )
+    loop, pool = build_loop(stack, topic=topic, database=database, group=f"g-{topic}", budgets=Budgets(steps=3))
+    try:
+        drain(loop, 1)
+    finally:
+        pool.close()
+    assert outbox_types(stack, incident) == [
+        "dev.flotilla.incidents.BudgetExceeded",
+        "dev.flotilla.incidents.IncidentEscalated",
+    ]
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        state = conn.execute("SELECT status FROM incident_workflow WHERE incident_id = %s", (incident,)).fetchone()
+    assert state == ("ESCALATED",)
+
+
+def test_sigterm_mid_batch_loses_and_duplicates_nothing(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    records = []
+    ids = []
+    for n in range(60):
+        incident = f"incident-{uuid.uuid4().hex[:8]}-{n}"
+        payload, env = fact(serde, incident)
+        records.append((incident, payload, env.headers()))
+        ids.append(env.id)
+    produce(stack, topic, records)
+    group = f"g-{topic}"
+    cmd = [sys.executable, "-m", "tests.integration.loop_worker", "--topic", topic, "--database", database]
+    worker = subprocess.Popen(
+        [*cmd, "--group", group, "--batch-size", "20", "--handler-sleep", "0.05"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not set(ids) & set(effects(stack)):
+            assert time.monotonic() < deadline, "worker handled nothing"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)  # mid-batch: the first batch takes ~1 s
+        assert worker.wait(60) == 0
+    finally:
+        worker.kill()
+    handled_before = [e for e in effects(stack) if e in set(ids)]
+    assert 0 < len(handled_before) < len(ids)
+
+    loop, pool = build_loop(stack, topic=topic, database=database, group=group)
+    try:
+        drain(loop, len(ids) - len(handled_before))
+    finally:
+        pool.close()
+    handled = [e for e in effects(stack) if e in set(ids)]
+    assert sorted(handled) == sorted(ids)  # nothing lost, nothing twice
