@@ -12,8 +12,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fastavro import parse_schema
+from fastavro._validation_py import _validate as _validate_field
 from fastavro.validation import ValidationError, validate
+
+# fastavro's public validate() re-parses the schema it is given, losing the record's
+# named types; its pure-Python core takes them explicitly. Used on the slow path only.
+_OPTIONS = {"strict": False, "disable_tuple_notation": False}
 
 
 def type_label(avro_type: Any) -> str:
@@ -61,17 +65,21 @@ class _Field:
 
 
 class RecordValidator:
-    """Validates dicts against one record schema; built once per schema, reused per value."""
+    """Validates dicts against one record schema; built once per schema, reused per value.
+
+    A valid value costs one pass of fastavro's compiled validator; only an invalid one
+    is walked field by field to say everything that is wrong with it.
+    """
 
     def __init__(self, parsed_record: dict[str, Any]) -> None:
-        named = parsed_record.get("__named_schemas", {})
+        self._parsed = parsed_record
+        # Types defined in one field and referred to by name in another resolve here.
+        self._named: dict[str, Any] = dict(parsed_record.get("__named_schemas", {}))
         self.name = str(parsed_record["name"])
         self._fields = [
             _Field(
                 name=f["name"],
-                # expand=True inlines named types a field refers to by name (declared in an
-                # earlier field), so each field validates on its own.
-                parsed=parse_schema(f["type"], named_schemas=dict(named), expand=True, _ignore_default_error=True),
+                parsed=f["type"],
                 label=type_label(f["type"]),
                 required="default" not in f,
                 logical=f["type"].get("logicalType") if isinstance(f["type"], dict) else None,
@@ -79,11 +87,23 @@ class RecordValidator:
             for f in parsed_record["fields"]
         ]
         self._names = {f.name for f in self._fields}
+        self._uuid_fields = [f.name for f in self._fields if f.logical == "uuid"]
+
+    def _quickly_valid(self, value: dict[str, Any]) -> bool:
+        if not self._names.issuperset(value):
+            return False
+        for name in self._uuid_fields:
+            given = value.get(name)
+            if isinstance(given, str) and not _is_uuid(given):
+                return False
+        return bool(validate(value, self._parsed, raise_errors=False))
 
     def problems(self, value: Any) -> list[str]:
         """Every way ``value`` breaks the schema; empty when it is valid."""
         if not isinstance(value, dict):
             return [f"expected a record {self.name.rsplit('.', 1)[-1]} (a mapping), got {type(value).__name__}"]
+        if self._quickly_valid(value):
+            return []
         found = []
         for field in self._fields:
             if field.name not in value:
@@ -96,7 +116,7 @@ class RecordValidator:
                 found.append(f"field '{field.name}': expected {field.label}, got a string that is not a UUID")
                 continue
             try:
-                validate(given, field.parsed, raise_errors=True)
+                _validate_field(given, field.parsed, self._named, field.name, True, _OPTIONS)  # type: ignore[no-untyped-call]
             except ValidationError as exc:
                 nested = [e.field for e in exc.errors if getattr(e, "field", "")]
                 where = f" at {nested[0]}" if nested and "." in nested[0] else ""
