@@ -1,1 +1,87 @@
-"""Flotilla: the shared runtime for the agent fleet."""
+"""Flotilla: the shared runtime of the agent fleet.
+
+Everything a service needs is importable from here; submodules starting with ``_`` and
+names not listed in ``__all__`` are internal. One job per module:
+
+- ``settings``: where the stack is;  ``contracts``: the Avro catalogue and its subjects
+- ``serde`` + ``validation``: Confluent-framed Avro, validated at the perimeter
+- ``envelope``: CloudEvents headers and caused records
+- ``outbox`` + ``connectors`` + ``bootstrap``: publishing through Debezium
+- ``consumer`` + ``handling`` + ``dedupe`` + ``deadletter``: the idempotent consumer loop
+- ``workflow``: the incident state machine and budgets;  ``digest``: approval digests
+- ``metrics`` + ``service``: the operational surface
+"""
+
+from flotilla.bootstrap import bootstrap_outbox, ensure_database
+from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
+from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register_all, subject_for
+from flotilla.deadletter import DeadLetter, Reason, dlq_topic
+from flotilla.digest import command_digest
+from flotilla.envelope import Envelope
+from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
+from flotilla.outbox import Outbox
+from flotilla.serde import (
+    AvroSerde,
+    RecordValidationError,
+    SchemaNotRegisteredError,
+    SerdeError,
+    UndecodableRecordError,
+    UnknownSchemaIdError,
+    registry_client,
+)
+from flotilla.service import ServiceSettings, create_app, open_pool, run
+from flotilla.settings import StackSettings, load_settings
+from flotilla.workflow import (
+    BudgetKind,
+    Budgets,
+    IncidentState,
+    StaleTransition,
+    Status,
+    WorkflowStore,
+    accepts,
+    transition,
+)
+
+__all__ = [
+    "AvroSerde",
+    "BudgetKind",
+    "Budgets",
+    "BusinessRuleViolation",
+    "ConsumerLoop",
+    "Contract",
+    "DeadLetter",
+    "Envelope",
+    "Handler",
+    "HandlerContext",
+    "IncidentState",
+    "Incoming",
+    "IncompatibleSchemaError",
+    "LoopConfig",
+    "Outbox",
+    "Reason",
+    "RecordValidationError",
+    "SchemaNotRegisteredError",
+    "SerdeError",
+    "ServiceSettings",
+    "StackSettings",
+    "StaleTransition",
+    "Status",
+    "UndecodableRecordError",
+    "UnknownSchemaIdError",
+    "WorkflowStore",
+    "accepts",
+    "bootstrap_outbox",
+    "command_digest",
+    "create_app",
+    "dlq_topic",
+    "ensure_database",
+    "load_contracts",
+    "load_settings",
+    "migrate",
+    "open_pool",
+    "register_all",
+    "registry_client",
+    "run",
+    "subject_for",
+    "transition",
+]

@@ -1,22 +1,24 @@
 """The consumer loop every Flotilla service runs: boring, idempotent, never blocked.
 
-For each record of a poll batch, inside one database transaction (a savepoint per
-record):
+For each record of a poll batch:
 
-1. read the CloudEvents envelope; a record whose hop budget is spent is dropped and
-   reported (metric + LoopTerminated), never handled;
-2. decode the value through the registry;
-3. dedupe on (consumer, event id) — a redelivered record has no second effect;
-4. ask the incident workflow whether it accepts the record in the incident's current
+1. read the CloudEvents envelope and decode the value through the registry — a record
+   that cannot be decoded goes to ``<topic>.dlq``; one whose hop budget is spent is
+   dropped and reported (metric + LoopTerminated), never handled;
+2. claim (consumer, event id) — a redelivered record has no second effect;
+3. ask the incident workflow whether it accepts the record in the incident's current
    state — a stale or out-of-order record is recorded and skipped;
-5. run the handler, which changes state and appends outgoing records to the outbox;
-6. advance the workflow state and the per-incident budgets.
+4. run the handler, which changes state and appends outgoing records to the outbox;
+5. advance the workflow state and the per-incident budgets.
 
-The transaction commits, then the Kafka offsets are committed — never before, so a
-crash in between means redelivery, which step 3 absorbs. A record that cannot be
-decoded, breaks a business rule, or keeps failing after bounded retries goes to
-``<topic>.dlq`` with context headers (made durable before the commit) and the loop
-moves on: poison never blocks a partition.
+All of it commits in one database transaction, and only then are the Kafka offsets
+committed: a crash in between means redelivery, which step 2 absorbs.
+
+A batch first runs on the fast path — one transaction, claims and workflow state in
+bulk, statements pipelined. If any record fails there, the batch is rolled back and
+run again with a savepoint per record, so the failing record alone is retried (bounded,
+with backoff) and then dead-lettered, and the rest commit. Dead letters are made durable
+before the transaction commits. Poison never blocks a partition.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import FrameType
@@ -35,17 +37,18 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from psycopg_pool import ConnectionPool
 
-from flotilla import metrics
+from flotilla import dedupe, metrics
 from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
-from flotilla.outbox import Outbox
+from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
+from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
 from flotilla.serde import AvroSerde, SerdeError, UndecodableRecordError, UnknownSchemaIdError
 from flotilla.settings import StackSettings
 from flotilla.workflow import (
+    WORKFLOW_MIGRATION,
     BudgetOverrun,
     Budgets,
     IncidentState,
-    Status,
     WorkflowStore,
     accepts,
     is_workflow_record,
@@ -60,86 +63,6 @@ BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
 INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
 REPORT_TOPIC = "incidents"
 ESCALATION_TARGET = "on-call"  # who an escalated incident is routed to
-
-CONSUMER_MIGRATION = """
-CREATE TABLE IF NOT EXISTS processed_events (
-    consumer     text        NOT NULL,
-    event_id     text        NOT NULL,
-    record_type  text        NOT NULL,
-    outcome      text        NOT NULL,
-    topic        text,
-    partition    integer,
-    "offset"     bigint,
-    processed_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (consumer, event_id)
-);
-CREATE TABLE IF NOT EXISTS stale_transitions (
-    id          bigserial   PRIMARY KEY,
-    consumer    text        NOT NULL,
-    event_id    text        NOT NULL,
-    incident_id text        NOT NULL,
-    record_type text        NOT NULL,
-    status      text        NOT NULL,
-    version     integer     NOT NULL,
-    recorded_at timestamptz NOT NULL DEFAULT now()
-);
-"""
-
-
-class BusinessRuleViolation(Exception):
-    """The record is well-formed but must not be acted on; it goes to the DLQ, no retry."""
-
-
-@dataclass(frozen=True)
-class Incoming:
-    """A decoded record as a handler sees it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: str | None
-    envelope: Envelope
-    record_type: str
-    value: dict[str, Any]
-
-
-class HandlerContext:
-    """What a handler may touch: the transaction, the incident state, and the outbox."""
-
-    def __init__(
-        self,
-        conn: psycopg.Connection[Any],
-        incoming: Incoming,
-        state: IncidentState | None,
-        outbox: Outbox,
-        source: str,
-    ) -> None:
-        self.conn = conn
-        self.incoming = incoming
-        self.state = state
-        self.tokens_spent = 0
-        self.emitted: list[Envelope] = []
-        self._outbox = outbox
-        self._source = source
-
-    def emit(self, topic: str, key: str, record_type: str, value: dict[str, Any]) -> Envelope:
-        """Append a record caused by the incoming one (same transaction, one hop fewer).
-
-        A fact's ``eventId`` is its envelope's id: it is filled in here when absent.
-        """
-        envelope = self.incoming.envelope.caused(record_type, self._source)
-        value = {"eventId": envelope.id, **value}
-        self._outbox.append(self.conn, topic=topic, key=key, value=value, envelope=envelope)
-        metrics.RECORDS_PRODUCED.labels(self._source, topic, record_type).inc()
-        self.emitted.append(envelope)
-        return envelope
-
-    def spend_tokens(self, tokens: int) -> None:
-        """Charge LLM tokens to the incident's budget."""
-        self.tokens_spent += tokens
-
-
-Handler = Callable[[HandlerContext], None]
 
 
 @dataclass(frozen=True)
@@ -160,6 +83,64 @@ class LoopConfig:
     kafka: Mapping[str, str | int | bool] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Item:
+    """One polled record after decoding: to handle, to drop (hops spent), or a dead letter."""
+
+    msg: Message
+    incoming: Incoming | None = None
+    letter: DeadLetter | None = None
+
+    @property
+    def dropped(self) -> bool:
+        return self.incoming is not None and self.incoming.envelope.hops <= 0
+
+    def claim(self) -> dedupe.Claim:
+        assert self.incoming is not None
+        i = self.incoming
+        outcome = "loop-dropped" if self.dropped else "handled"
+        return dedupe.Claim(i.envelope.id, i.record_type, outcome, i.topic, i.partition, i.offset)
+
+
+class _Isolate(Exception):
+    """A record failed on the fast path: rerun the batch with a savepoint per record."""
+
+
+class _LiveStates:
+    """Workflow state read and written per record (the isolated path)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def get(self, incident_id: str) -> IncidentState:
+        return WorkflowStore.load_for_update(self._conn, incident_id)
+
+    def put(self, state: IncidentState) -> None:
+        WorkflowStore.save(self._conn, state)
+
+
+class _BatchStates:
+    """Workflow state loaded for the whole batch up front and saved once (the fast path)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], incident_ids: set[str]) -> None:
+        self._states = WorkflowStore.load_many_for_update(conn, incident_ids) if incident_ids else {}
+        self._dirty: set[str] = set()
+
+    def get(self, incident_id: str) -> IncidentState:
+        return self._states.get(incident_id) or IncidentState(incident_id=incident_id)
+
+    def put(self, state: IncidentState) -> None:
+        self._states[state.incident_id] = state
+        self._dirty.add(state.incident_id)
+
+    def flush(self, conn: psycopg.Connection[Any]) -> None:
+        if self._dirty:
+            WorkflowStore.save_many(conn, [self._states[i] for i in sorted(self._dirty)])
+
+
+States = _LiveStates | _BatchStates
+
+
 class ConsumerLoop:
     """Runs handlers over topics with exactly-once effects in the service's database."""
 
@@ -178,7 +159,7 @@ class ConsumerLoop:
         self._outbox = Outbox(serde)
         self._pool = pool
         self._handlers = dict(handlers)
-        self._on_committed = on_committed
+        self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets
         self._stopping = threading.Event()
         self._dlq = DeadLetterPublisher(settings.kafka_bootstrap, config.name)
         self._consumer = Consumer(
@@ -212,14 +193,8 @@ class ConsumerLoop:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def subscribe(self) -> None:
-        if not self._subscribed:
-            self._consumer.subscribe(list(self.config.topics))
-            self._subscribed = True
-
     def run(self) -> None:
         """Poll and process until stop(); the last batch is always finished and committed."""
-        self.subscribe()
         try:
             while not self._stopping.is_set():
                 self.poll_once()
@@ -228,7 +203,9 @@ class ConsumerLoop:
 
     def poll_once(self) -> int:
         """Consume one batch and process it; returns how many records it held."""
-        self.subscribe()
+        if not self._subscribed:
+            self._consumer.subscribe(list(self.config.topics))
+            self._subscribed = True
         msgs = self._consumer.consume(num_messages=self.config.batch_size, timeout=self.config.poll_timeout)
         records = []
         for msg in msgs:
@@ -246,26 +223,21 @@ class ConsumerLoop:
     def process(self, msgs: list[Message]) -> None:
         """Process records and commit: one transaction per batch, or per record."""
         if self.config.batch_transactions:
-            self._process_in_one_transaction(msgs)
+            self._process_batch(msgs)
         else:
             for msg in msgs:
-                self._process_in_one_transaction([msg])
+                self._process_batch([msg])
 
-    def _process_in_one_transaction(self, msgs: list[Message]) -> None:
+    def _process_batch(self, msgs: list[Message]) -> None:
         started = time.perf_counter()
+        items = [self._decode(msg) for msg in msgs]
         for attempt in range(self.config.max_retries + 1):
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    letters = 0
-                    for msg in msgs:
-                        letters += self._process_one(conn, msg)
-                    if letters:
-                        # Dead letters are durable before the transaction (and then the
-                        # offsets) commit; a crash in between re-sends them, never loses them.
-                        self._dlq.flush()
+                with self._pool.connection() as conn:
+                    self._run(conn, items)
                 break
             except psycopg.OperationalError as exc:
-                # The connection or the whole transaction failed: nothing of the batch
+                # The connection or the transaction failed: nothing of the batch
                 # committed, so running it again is safe.
                 if attempt == self.config.max_retries:
                     raise
@@ -277,115 +249,159 @@ class ConsumerLoop:
         self._commit_offsets(msgs)
         metrics.BATCH_SECONDS.labels(self.config.name).observe(time.perf_counter() - started)
 
-    def _commit_offsets(self, msgs: Iterable[Message]) -> None:
-        highest: dict[tuple[str, int], int] = {}
-        for msg in msgs:
-            key = (msg.topic() or "", msg.partition() or 0)
-            highest[key] = max(highest.get(key, -1), msg.offset() or 0)
-        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
-        self._consumer.commit(offsets=offsets, asynchronous=False)
+    def _run(self, conn: psycopg.Connection[Any], items: list[_Item]) -> None:
+        decode_letters = [(it.msg, it.letter) for it in items if it.letter is not None]
+        work = [it for it in items if it.incoming is not None]
+        try:
+            with conn.transaction():
+                self._fast(conn, work)
+                self._send_letters(decode_letters)
+            return
+        except _Isolate as exc:
+            log.info("batch of %d rerun record by record: %s", len(items), exc.__cause__)
+        with conn.transaction():
+            letters = self._isolated(conn, work)
+            self._send_letters(decode_letters + letters)
 
-    def _process_one(self, conn: psycopg.Connection[Any], msg: Message) -> int:
-        """Handle one record inside the batch transaction; returns 1 if dead-lettered."""
-        topic = msg.topic() or ""
-        metrics.RECORDS_CONSUMED.labels(self.config.name, topic).inc()
+    def _fast(self, conn: psycopg.Connection[Any], work: list[_Item]) -> None:
+        """The whole batch in bulk; raises _Isolate (after rollback) if any record fails."""
         try:
-            envelope = Envelope.from_headers(msg.headers())
-        except ValueError as exc:
-            return self._dead_letter(msg, Reason.UNDECODABLE, exc)
-        if envelope.hops <= 0:
-            self._drop_looping(conn, msg, envelope)
-            return 0
-        try:
-            decoded = self._serde.deserialize(msg.value())
-        except UnknownSchemaIdError as exc:
-            return self._dead_letter(msg, Reason.UNKNOWN_SCHEMA, exc)
-        except UndecodableRecordError as exc:
-            return self._dead_letter(msg, Reason.UNDECODABLE, exc)
-        if decoded.record_name != envelope.type:
-            mismatch = BusinessRuleViolation(f"ce_type is {envelope.type} but the value is a {decoded.record_name}")
-            return self._dead_letter(msg, Reason.INVALID_RECORD, mismatch)
-        key = msg.key()
-        incoming = Incoming(
-            topic=topic,
-            partition=msg.partition() or 0,
-            offset=msg.offset() or 0,
-            key=key.decode(errors="replace") if isinstance(key, bytes) else key,
-            envelope=envelope,
-            record_type=decoded.record_name,
-            value=decoded.value,
-        )
+            with conn.pipeline():
+                fresh = dedupe.claim_many(conn, self.config.name, [it.claim() for it in work])
+                states = _BatchStates(conn, {self._incident_of(it.incoming) for it in work if self._gated(it)})
+                pending: list[OutboxRow] = []
+                seen: set[str] = set()
+                for it in work:
+                    assert it.incoming is not None
+                    event_id = it.incoming.envelope.id
+                    if event_id in seen or event_id not in fresh:
+                        metrics.DEDUPE_HITS.labels(self.config.name).inc()
+                        continue
+                    seen.add(event_id)
+                    if it.dropped:
+                        self._report_loop(it.incoming, pending)
+                    else:
+                        self._apply(conn, it.incoming, states, pending)
+                Outbox.insert(conn, pending)
+                states.flush(conn)
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            raise _Isolate() from exc
+
+    def _isolated(self, conn: psycopg.Connection[Any], work: list[_Item]) -> list[tuple[Message, DeadLetter]]:
+        """Each record in its own savepoint: a failure rolls back that record only."""
+        letters: list[tuple[Message, DeadLetter]] = []
+        for it in work:
+            letter = self._isolated_one(conn, it)
+            if letter is not None:
+                letters.append((it.msg, letter))
+        return letters
+
+    def _isolated_one(self, conn: psycopg.Connection[Any], it: _Item) -> DeadLetter | None:
+        assert it.incoming is not None
         first_failure: datetime | None = None
         attempt = 0
         while True:
             try:
-                with conn.transaction():  # a savepoint: a failed record leaves the batch intact
-                    self._apply(conn, incoming)
-                return 0
+                with conn.transaction():  # a savepoint; the claim rolls back with it
+                    pending: list[OutboxRow] = []
+                    if not dedupe.claim_one(conn, self.config.name, it.claim()):
+                        metrics.DEDUPE_HITS.labels(self.config.name).inc()
+                    elif it.dropped:
+                        self._report_loop(it.incoming, pending)
+                    else:
+                        self._apply(conn, it.incoming, _LiveStates(conn), pending)
+                    Outbox.insert(conn, pending)
+                return None
             except (BusinessRuleViolation, SerdeError) as exc:
-                return self._dead_letter(msg, Reason.INVALID_RECORD, exc)
+                return self._letter(it.msg, Reason.INVALID_RECORD, exc)
             except psycopg.OperationalError:
                 raise  # the transaction is gone: the whole batch is retried
             except Exception as exc:
                 attempt += 1
                 first_failure = first_failure or datetime.now(UTC)
                 if attempt > self.config.max_retries:
-                    return self._dead_letter(msg, Reason.RETRIES_EXHAUSTED, exc, first_failure, attempt)
+                    return self._letter(it.msg, Reason.RETRIES_EXHAUSTED, exc, first_failure, attempt)
                 metrics.RETRIES.labels(self.config.name).inc()
-                log.warning("handler failed on %s (attempt %d): %s", incoming.envelope.id, attempt, exc)
+                log.warning("handler failed on %s (attempt %d): %s", it.incoming.envelope.id, attempt, exc)
                 time.sleep(self._backoff(attempt))
 
-    def _apply(self, conn: psycopg.Connection[Any], incoming: Incoming) -> None:
-        env = incoming.envelope
-        if not self._mark_processed(conn, incoming, "handled"):
-            metrics.DEDUPE_HITS.labels(self.config.name).inc()
-            return
+    def _decode(self, msg: Message) -> _Item:
+        topic = msg.topic() or ""
+        metrics.RECORDS_CONSUMED.labels(self.config.name, topic).inc()
+        try:
+            envelope = Envelope.from_headers(msg.headers())
+        except ValueError as exc:
+            return _Item(msg, letter=self._letter(msg, Reason.UNDECODABLE, exc))
+        key = msg.key()
+
+        def incoming(record_type: str, value: dict[str, Any]) -> Incoming:
+            return Incoming(
+                topic=topic,
+                partition=msg.partition() or 0,
+                offset=msg.offset() or 0,
+                key=key.decode(errors="replace") if isinstance(key, bytes) else key,
+                envelope=envelope,
+                record_type=record_type,
+                value=value,
+            )
+
+        if envelope.hops <= 0:  # not decoded: it is never handled
+            return _Item(msg, incoming=incoming(envelope.type, {}))
+        try:
+            decoded = self._serde.deserialize(msg.value())
+        except UnknownSchemaIdError as exc:
+            return _Item(msg, letter=self._letter(msg, Reason.UNKNOWN_SCHEMA, exc))
+        except UndecodableRecordError as exc:
+            return _Item(msg, letter=self._letter(msg, Reason.UNDECODABLE, exc))
+        if decoded.record_name != envelope.type:
+            mismatch = BusinessRuleViolation(f"ce_type is {envelope.type} but the value is a {decoded.record_name}")
+            return _Item(msg, letter=self._letter(msg, Reason.INVALID_RECORD, mismatch))
+        return _Item(msg, incoming=incoming(decoded.record_name, decoded.value))
+
+    def _gated(self, it: _Item) -> bool:
+        return (
+            it.incoming is not None
+            and not it.dropped
+            and self.config.follow_workflow
+            and is_workflow_record(it.incoming.record_type)
+        )
+
+    @staticmethod
+    def _incident_of(incoming: Incoming | None) -> str:
+        assert incoming is not None
+        return incoming.envelope.correlationid
+
+    def _apply(
+        self, conn: psycopg.Connection[Any], incoming: Incoming, states: States, pending: list[OutboxRow]
+    ) -> None:
+        """Workflow check, budgets, handler, state: the claim is already made."""
         state: IncidentState | None = None
         if self.config.follow_workflow and is_workflow_record(incoming.record_type):
-            state = WorkflowStore.load_for_update(conn, env.correlationid)
+            state = states.get(incoming.envelope.correlationid)
             if not accepts(state, incoming.record_type):
                 self._record_stale(conn, incoming, state)
                 return
             if self.config.budgets is not None:
                 exceeded = overrun(state, self.config.budgets, datetime.now(UTC))
                 if exceeded is not None:
-                    self._escalate(conn, incoming, state, exceeded)
+                    self._escalate(conn, incoming, state, exceeded, states, pending)
                     return
-        ctx = HandlerContext(conn, incoming, state, self._outbox, self.config.source)
+        ctx = HandlerContext(conn, incoming, state, self._outbox, self.config.source, pending)
         handler = self._handlers.get(incoming.record_type)
         if handler is not None:
             with metrics.HANDLER_SECONDS.labels(self.config.name, incoming.record_type).time():
                 handler(ctx)
             metrics.RECORDS_HANDLED.labels(self.config.name, incoming.record_type).inc()
         if state is not None:
-            advanced = transition(state, incoming.record_type, event_id=env.id, at=datetime.now(UTC))
-            advanced = replace(advanced, tokens_used=advanced.tokens_used + ctx.tokens_spent)
-            WorkflowStore.save(conn, advanced)
+            advanced = transition(state, incoming.record_type, event_id=incoming.envelope.id, at=datetime.now(UTC))
+            states.put(replace(advanced, tokens_used=advanced.tokens_used + ctx.tokens_spent))
 
     # ------------------------------------------------------------ side branches
 
-    def _mark_processed(self, conn: psycopg.Connection[Any], incoming: Incoming, outcome: str) -> bool:
-        """Claim (consumer, event id); False when this consumer already processed it."""
-        cur = conn.execute(
-            'INSERT INTO processed_events (consumer, event_id, record_type, outcome, topic, partition, "offset") '
-            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (
-                self.config.name,
-                incoming.envelope.id,
-                incoming.record_type,
-                outcome,
-                incoming.topic,
-                incoming.partition,
-                incoming.offset,
-            ),
-        )
-        return cur.rowcount == 1
-
     def _record_stale(self, conn: psycopg.Connection[Any], incoming: Incoming, state: IncidentState) -> None:
-        conn.execute(
-            "UPDATE processed_events SET outcome = 'stale' WHERE consumer = %s AND event_id = %s",
-            (self.config.name, incoming.envelope.id),
-        )
+        dedupe.set_outcome(conn, self.config.name, incoming.envelope.id, "stale")
         conn.execute(
             "INSERT INTO stale_transitions (consumer, event_id, incident_id, record_type, status, version) "
             "VALUES (%s, %s, %s, %s, %s, %s)",
@@ -402,14 +418,20 @@ class ConsumerLoop:
         log.info("stale transition: %s for %s in %s", incoming.record_type, state.incident_id, state.status.value)
 
     def _escalate(
-        self, conn: psycopg.Connection[Any], incoming: Incoming, state: IncidentState, exceeded: BudgetOverrun
+        self,
+        conn: psycopg.Connection[Any],
+        incoming: Incoming,
+        state: IncidentState,
+        exceeded: BudgetOverrun,
+        states: States,
+        pending: list[OutboxRow],
     ) -> None:
         """Route the incident to a human: BudgetExceeded + IncidentEscalated, handler skipped.
 
         The local state moves to ESCALATED at once so no further record spends more; the
         IncidentEscalated record coming back later is then a (recorded) stale transition.
         """
-        ctx = HandlerContext(conn, incoming, state, self._outbox, self.config.source)
+        ctx = HandlerContext(conn, incoming, state, self._outbox, self.config.source, pending)
         incident = state.incident_id
         now = datetime.now(UTC)
         exceeded_env = ctx.emit(
@@ -438,90 +460,79 @@ class ConsumerLoop:
                 "escalatedAt": now,
             },
         )
-        WorkflowStore.save(conn, transition(state, INCIDENT_ESCALATED, event_id=incoming.envelope.id, at=now))
+        states.put(transition(state, INCIDENT_ESCALATED, event_id=incoming.envelope.id, at=now))
         metrics.BUDGETS_EXCEEDED.labels(self.config.name, exceeded.kind.value).inc()
 
-    def _drop_looping(self, conn: psycopg.Connection[Any], msg: Message, envelope: Envelope) -> None:
-        """A record whose hop budget is spent: count it, report it once, never handle it."""
+    def _report_loop(self, dropped: Incoming, pending: list[OutboxRow]) -> None:
+        """A record whose hop budget is spent: count it and report it once, never handle it."""
+        envelope = dropped.envelope
         metrics.LOOP_DROPS.labels(self.config.name).inc()
         log.warning("dropping %s %s: hop budget spent", envelope.type, envelope.id)
-        incoming = Incoming(
-            topic=msg.topic() or "",
-            partition=msg.partition() or 0,
-            offset=msg.offset() or 0,
-            key=None,
-            envelope=envelope,
-            record_type=envelope.type,
-            value={},
+        if envelope.type == LOOP_TERMINATED:
+            return  # never report a report: that could loop too
+        report = Envelope(
+            type=LOOP_TERMINATED,
+            source=self.config.source,
+            correlationid=envelope.correlationid,
+            causationid=envelope.id,
+            hops=1,  # a terminal report: whatever reacts to it is dropped at once
         )
-        with conn.transaction():
-            if not self._mark_processed(conn, incoming, "loop-dropped"):
-                return
-            if envelope.type == LOOP_TERMINATED:
-                return  # never report a report: that could loop too
-            report = Envelope(
-                type=LOOP_TERMINATED,
-                source=self.config.source,
-                correlationid=envelope.correlationid,
-                causationid=envelope.id,
-                hops=1,  # a terminal report: whatever reacts to it is dropped at once
+        value = {
+            "eventId": report.id,
+            "incidentId": envelope.correlationid,
+            "droppedEventId": envelope.id,
+            "droppedType": envelope.type,
+            "droppedCausationId": envelope.causationid,
+            "consumer": self.config.name,
+            "originTopic": dropped.topic,
+            "originPartition": dropped.partition,
+            "originOffset": dropped.offset,
+            "hops": envelope.hops,
+            "terminatedAt": datetime.now(UTC),
+        }
+        try:
+            pending.append(
+                self._outbox.row(topic=REPORT_TOPIC, key=envelope.correlationid, value=value, envelope=report)
             )
-            value = {
-                "eventId": report.id,
-                "incidentId": envelope.correlationid,
-                "droppedEventId": envelope.id,
-                "droppedType": envelope.type,
-                "droppedCausationId": envelope.causationid,
-                "consumer": self.config.name,
-                "originTopic": incoming.topic,
-                "originPartition": incoming.partition,
-                "originOffset": incoming.offset,
-                "hops": envelope.hops,
-                "terminatedAt": datetime.now(UTC),
-            }
-            try:
-                self._outbox.append(conn, topic=REPORT_TOPIC, key=envelope.correlationid, value=value, envelope=report)
-            except SerdeError as exc:
-                # e.g. a foreign producer's non-UUID ce_id: still dropped, reported in the log
-                log.error("cannot report the dropped record %s: %s", envelope.id, exc)
+        except SerdeError as exc:
+            # e.g. a foreign producer's non-UUID ce_id: still dropped, reported in the log
+            log.error("cannot report the dropped record %s: %s", envelope.id, exc)
 
-    def _dead_letter(
+    def _letter(
         self,
         msg: Message,
         reason: Reason,
         error: BaseException,
         first_failure: datetime | None = None,
         attempts: int = 1,
-    ) -> int:
-        log.warning("dead-lettering %s[%s]@%s (%s): %s", msg.topic(), msg.partition(), msg.offset(), reason, error)
-        letter = DeadLetter(
-            reason=reason, error=error, first_failure=first_failure or datetime.now(UTC), attempts=attempts
-        )
-        self._dlq.publish(msg, letter)
-        metrics.DEAD_LETTERS.labels(self.config.name, reason.value).inc()
-        return 1
+    ) -> DeadLetter:
+        log.warning("dead letter %s[%s]@%s (%s): %s", msg.topic(), msg.partition(), msg.offset(), reason, error)
+        first = first_failure or datetime.now(UTC)
+        return DeadLetter(reason=reason, error=error, first_failure=first, attempts=attempts)
+
+    def _send_letters(self, letters: Sequence[tuple[Message, DeadLetter]]) -> None:
+        """Publish and flush dead letters before the transaction commits: a crash after
+        this re-sends them (the reconciler dedupes by origin), never loses them."""
+        for msg, letter in letters:
+            self._dlq.publish(msg, letter)
+            metrics.DEAD_LETTERS.labels(self.config.name, letter.reason.value).inc()
+        if letters:
+            self._dlq.flush()
+
+    def _commit_offsets(self, msgs: Iterable[Message]) -> None:
+        highest: dict[tuple[str, int], int] = {}
+        for msg in msgs:
+            key = (msg.topic() or "", msg.partition() or 0)
+            highest[key] = max(highest.get(key, -1), msg.offset() or 0)
+        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+        self._consumer.commit(offsets=offsets, asynchronous=False)
 
     def _backoff(self, attempt: int) -> float:
         return float(min(self.config.backoff_max, self.config.backoff_initial * 2 ** (attempt - 1)))
 
 
 def migrate(conn: psycopg.Connection[Any]) -> None:
-    """The runtime's own tables: processed events, stale transitions, incident workflow."""
-    from flotilla.outbox import OUTBOX_MIGRATION
-    from flotilla.workflow import WORKFLOW_MIGRATION
-
+    """The runtime's own tables: outbox, processed events, stale transitions, workflow."""
     conn.execute(OUTBOX_MIGRATION)
-    conn.execute(CONSUMER_MIGRATION)
+    conn.execute(dedupe.DEDUPE_MIGRATION)
     conn.execute(WORKFLOW_MIGRATION)
-
-
-__all__ = [
-    "BusinessRuleViolation",
-    "ConsumerLoop",
-    "Handler",
-    "HandlerContext",
-    "Incoming",
-    "LoopConfig",
-    "Status",
-    "migrate",
-]

@@ -67,11 +67,46 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
     conn.execute(OUTBOX_MIGRATION)
 
 
+OutboxRow = tuple[Any, ...]
+
+
 class Outbox:
-    """Appends validated, serialized records to the outbox inside the caller's transaction."""
+    """Validated, serialized records into the outbox, inside the caller's transaction."""
 
     def __init__(self, serde: AvroSerde) -> None:
         self._serde = serde
+
+    def row(self, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> OutboxRow:
+        """Serialize ``value`` as ``envelope.type`` for ``topic``: the row to insert.
+
+        Raises RecordValidationError when the value does not match the registered schema,
+        so nothing invalid ever reaches the table.
+        """
+        payload = self._serde.serialize(topic, envelope.type, value)
+        return (
+            envelope.id,
+            topic,
+            key,
+            envelope.type,
+            payload,
+            envelope.specversion,
+            envelope.source,
+            envelope.time,
+            envelope.correlationid,
+            envelope.causationid,
+            str(envelope.hops),
+            envelope.traceparent,
+            CONTENT_TYPE,
+        )
+
+    @staticmethod
+    def insert(conn: psycopg.Connection[Any], rows: list[OutboxRow]) -> None:
+        """Insert prepared rows in order (one pipelined statement batch)."""
+        if len(rows) == 1:
+            conn.execute(_INSERT, rows[0])
+        elif rows:
+            with conn.cursor() as cur:
+                cur.executemany(_INSERT, rows)
 
     def append(
         self,
@@ -82,28 +117,7 @@ class Outbox:
         value: dict[str, Any],
         envelope: Envelope,
     ) -> bytes:
-        """Serialize ``value`` as ``envelope.type`` for ``topic`` and insert the row.
-
-        Raises RecordValidationError before touching the database when the value does
-        not match the registered schema. Returns the payload bytes that will be published.
-        """
-        payload = self._serde.serialize(topic, envelope.type, value)
-        conn.execute(
-            _INSERT,
-            (
-                envelope.id,
-                topic,
-                key,
-                envelope.type,
-                payload,
-                envelope.specversion,
-                envelope.source,
-                envelope.time,
-                envelope.correlationid,
-                envelope.causationid,
-                str(envelope.hops),
-                envelope.traceparent,
-                CONTENT_TYPE,
-            ),
-        )
-        return payload
+        """Serialize and insert one record now; returns the payload that will be published."""
+        row = self.row(topic=topic, key=key, value=value, envelope=envelope)
+        self.insert(conn, [row])
+        return bytes(row[4])

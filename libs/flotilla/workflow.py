@@ -11,6 +11,7 @@ so exceeding one is detected in the same transaction that would have spent it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -172,6 +173,29 @@ CREATE TABLE IF NOT EXISTS incident_workflow (
 """
 
 
+_COLUMNS = "incident_id, status, version, opened_at, tokens_used, steps, last_event_id"
+_UPSERT = """
+INSERT INTO incident_workflow (incident_id, status, version, opened_at, tokens_used, steps, last_event_id, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, now())
+ON CONFLICT (incident_id) DO UPDATE SET
+    status = EXCLUDED.status, version = EXCLUDED.version, opened_at = EXCLUDED.opened_at,
+    tokens_used = EXCLUDED.tokens_used, steps = EXCLUDED.steps,
+    last_event_id = EXCLUDED.last_event_id, updated_at = now()
+"""
+
+
+def _row(state: IncidentState) -> tuple[Any, ...]:
+    return (
+        state.incident_id,
+        state.status.value,
+        state.version,
+        state.opened_at,
+        state.tokens_used,
+        state.steps,
+        state.last_event_id,
+    )
+
+
 class WorkflowStore:
     """Loads and saves incident state inside the caller's transaction."""
 
@@ -180,33 +204,30 @@ class WorkflowStore:
         """The incident's state, row-locked until the transaction ends (NEW if unseen)."""
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
-                "SELECT incident_id, status, version, opened_at, tokens_used, steps, last_event_id "
-                "FROM incident_workflow WHERE incident_id = %s FOR UPDATE",
-                (incident_id,),
+                f"SELECT {_COLUMNS} FROM incident_workflow WHERE incident_id = %s FOR UPDATE", (incident_id,)
             ).fetchone()
         if row is None:
             return IncidentState(incident_id=incident_id)
         return IncidentState(**{**row, "status": Status(row["status"])})
 
     @staticmethod
+    def load_many_for_update(conn: psycopg.Connection[Any], incident_ids: Collection[str]) -> dict[str, IncidentState]:
+        """States of several incidents in one round trip, row-locked (absent = NEW)."""
+        states = {i: IncidentState(incident_id=i) for i in incident_ids}
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                f"SELECT {_COLUMNS} FROM incident_workflow WHERE incident_id = ANY(%s) ORDER BY incident_id FOR UPDATE",
+                (list(incident_ids),),
+            ).fetchall()
+        for row in rows:
+            states[row["incident_id"]] = IncidentState(**{**row, "status": Status(row["status"])})
+        return states
+
+    @staticmethod
+    def save_many(conn: psycopg.Connection[Any], states: Iterable[IncidentState]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(_UPSERT, [_row(s) for s in states])
+
+    @staticmethod
     def save(conn: psycopg.Connection[Any], state: IncidentState) -> None:
-        conn.execute(
-            """
-            INSERT INTO incident_workflow
-                (incident_id, status, version, opened_at, tokens_used, steps, last_event_id, updated_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, now())
-            ON CONFLICT (incident_id) DO UPDATE SET
-                status = EXCLUDED.status, version = EXCLUDED.version, opened_at = EXCLUDED.opened_at,
-                tokens_used = EXCLUDED.tokens_used, steps = EXCLUDED.steps,
-                last_event_id = EXCLUDED.last_event_id, updated_at = now()
-            """,
-            (
-                state.incident_id,
-                state.status.value,
-                state.version,
-                state.opened_at,
-                state.tokens_used,
-                state.steps,
-                state.last_event_id,
-            ),
-        )
+        conn.execute(_UPSERT, _row(state))

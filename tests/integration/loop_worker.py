@@ -18,8 +18,9 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from flotilla.consumer import BusinessRuleViolation, ConsumerLoop, HandlerContext, LoopConfig
+from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.contracts import load_contracts
+from flotilla.handling import BusinessRuleViolation, HandlerContext
 from flotilla.serde import AvroSerde, registry_client
 from flotilla.settings import StackSettings, load_settings
 from flotilla.testing.samples import sample_value

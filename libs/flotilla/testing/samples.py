@@ -31,33 +31,43 @@ def latency_fact(
     return value, envelope
 
 
-def _remember(named: dict[str, Any], definition: dict[str, Any]) -> None:
-    """Register a named type under its short and full names for later references."""
+def _remember(named: dict[str, Any], definition: dict[str, Any], enclosing: str | None) -> str | None:
+    """Register a named type under its full and short names; return its namespace.
+
+    A name without a namespace takes the enclosing one, as Avro specifies.
+    """
     name = str(definition["name"])
+    if "." in name:
+        namespace: str | None = name.rsplit(".", 1)[0]
+    else:
+        namespace = definition.get("namespace", enclosing) or None
     short = name.rsplit(".", 1)[-1]
-    namespace = definition.get("namespace")
     named[short] = definition
-    named[name if "." in name or not namespace else f"{namespace}.{name}"] = definition
+    named[f"{namespace}.{short}" if namespace else short] = definition
+    return namespace
 
 
-def _sample_for(avro_type: Any, named: dict[str, Any], name: str) -> Any:
-    """A plausible valid value for one Avro type (first branch of a union)."""
+_PRIMITIVES: dict[str, Any] = {
+    "int": 1,
+    "long": 1,
+    "float": 0.5,
+    "double": 0.5,
+    "boolean": True,
+    "bytes": b"x",
+    "null": None,
+}
+
+
+def _sample_for(avro_type: Any, named: dict[str, Any], name: str, namespace: str | None) -> Any:
+    """A plausible valid value for one Avro type (first non-null branch of a union)."""
     if isinstance(avro_type, list):
         non_null = [t for t in avro_type if t != "null"]
-        return _sample_for(non_null[0], named, name) if non_null else None
+        return _sample_for(non_null[0], named, name, namespace) if non_null else None
     if isinstance(avro_type, str):
-        if avro_type in named:
-            return _sample_for(named[avro_type], named, name)
-        return {
-            "string": f"sample-{name}",
-            "int": 1,
-            "long": 1,
-            "float": 0.5,
-            "double": 0.5,
-            "boolean": True,
-            "bytes": b"x",
-            "null": None,
-        }[avro_type]
+        for candidate in (avro_type, f"{namespace}.{avro_type}" if namespace else avro_type):
+            if candidate in named:
+                return _sample_for(named[candidate], named, name, namespace)
+        return f"sample-{name}" if avro_type == "string" else _PRIMITIVES[avro_type]
     logical = avro_type.get("logicalType")
     kind = avro_type["type"]
     if logical == "uuid":
@@ -65,25 +75,23 @@ def _sample_for(avro_type: Any, named: dict[str, Any], name: str) -> Any:
     if logical in ("timestamp-millis", "timestamp-micros"):
         return datetime.now(UTC).replace(microsecond=0)
     if kind == "record":
-        full = (
-            avro_type["name"] if "." in avro_type["name"] else f"{avro_type.get('namespace', '')}.{avro_type['name']}"
-        )
-        named[full.lstrip(".")] = avro_type
-        return {f["name"]: _sample_for(f["type"], named, f["name"]) for f in avro_type["fields"]}
+        inner = _remember(named, avro_type, namespace)
+        return {f["name"]: _sample_for(f["type"], named, f["name"], inner) for f in avro_type["fields"]}
     if kind == "enum":
-        _remember(named, avro_type)
+        _remember(named, avro_type, namespace)
         return avro_type["symbols"][0]
-    if kind == "array":
-        return [_sample_for(avro_type["items"], named, name)]
-    if kind == "map":
-        return {"key": _sample_for(avro_type["values"], named, name)}
     if kind == "fixed":
+        _remember(named, avro_type, namespace)
         return b"\0" * int(avro_type["size"])
-    return _sample_for(kind, named, name)
+    if kind == "array":
+        return [_sample_for(avro_type["items"], named, name, namespace)]
+    if kind == "map":
+        return {"key": _sample_for(avro_type["values"], named, name, namespace)}
+    return _sample_for(kind, named, name, namespace)
 
 
 def sample_value(schema: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     """A valid value for a record schema, fields filled by type, then ``overrides``."""
-    value = _sample_for(schema, {}, str(schema.get("name", "record")))
+    value = _sample_for(schema, {}, str(schema.get("name", "record")), None)
     assert isinstance(value, dict)
     return {**value, **overrides}

@@ -1,0 +1,80 @@
+"""What a service's handler sees and may do.
+
+A handler is a plain function ``handle(ctx)``: it reads ``ctx.incoming`` (the decoded
+record and its envelope), reads and writes its own tables through ``ctx.conn`` (inside
+the consumer's transaction), and emits caused records with ``ctx.emit``. It never
+produces to Kafka, never commits, never dedupes: the consumer loop does those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from flotilla import metrics
+from flotilla.envelope import Envelope
+from flotilla.outbox import Outbox, OutboxRow
+from flotilla.workflow import IncidentState
+
+
+class BusinessRuleViolation(Exception):
+    """The record is well-formed but must not be acted on; it goes to the DLQ, no retry."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A decoded record as a handler sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    envelope: Envelope
+    record_type: str
+    value: dict[str, Any]
+
+
+class HandlerContext:
+    """What a handler may touch: the transaction, the incident state, and the outbox."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        incoming: Incoming,
+        state: IncidentState | None,
+        outbox: Outbox,
+        source: str,
+        pending: list[OutboxRow],
+    ) -> None:
+        self.conn = conn
+        self.incoming = incoming
+        self.state = state
+        self.tokens_spent = 0
+        self.emitted: list[Envelope] = []
+        self._outbox = outbox
+        self._source = source
+        self._pending = pending
+
+    def emit(self, topic: str, key: str, record_type: str, value: dict[str, Any]) -> Envelope:
+        """Append a record caused by the incoming one (same transaction, one hop fewer).
+
+        A fact's ``eventId`` is its envelope's id: it is filled in here when absent. The
+        value is validated now (an invalid record raises here, in the handler); the row is
+        inserted by the consumer loop, in bulk, before the transaction commits.
+        """
+        envelope = self.incoming.envelope.caused(record_type, self._source)
+        value = {"eventId": envelope.id, **value}
+        self._pending.append(self._outbox.row(topic=topic, key=key, value=value, envelope=envelope))
+        metrics.RECORDS_PRODUCED.labels(self._source, topic, record_type).inc()
+        self.emitted.append(envelope)
+        return envelope
+
+    def spend_tokens(self, tokens: int) -> None:
+        """Charge LLM tokens to the incident's budget."""
+        self.tokens_spent += tokens
+
+
+Handler = Callable[[HandlerContext], None]
