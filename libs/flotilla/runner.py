@@ -1,0 +1,175 @@
+"""Running a service: everything but its handlers, written once.
+
+A service module declares a :class:`ServiceSpec` — its name, its database, the topics
+it consumes, a factory for its handlers, its migrations, its periodic tasks and its HTTP
+routes — and calls :func:`start`. ``start`` makes the database ready to publish (outbox
+table and Debezium connector), applies the runtime's and the service's migrations,
+serves ``/healthz``, ``/readyz`` and ``/metrics`` plus the service's routes, runs the
+periodic tasks on a thread, and runs the consumer loop on the main thread until
+SIGTERM, finishing the batch in hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI
+from psycopg_pool import ConnectionPool
+
+from flotilla import consumer
+from flotilla.bootstrap import bootstrap_outbox, ensure_database
+from flotilla.consumer import ConsumerLoop, LoopConfig
+from flotilla.envelope import Envelope
+from flotilla.handling import Handler
+from flotilla.outbox import Outbox
+from flotilla.serde import AvroSerde, registry_client
+from flotilla.service import ServiceSettings, create_app, database_ready, open_pool, serve_http
+
+log = logging.getLogger(__name__)
+
+
+class ServiceContext:
+    """What handlers, periodic tasks and routes of one service share."""
+
+    def __init__(self, spec: ServiceSpec, settings: ServiceSettings, pool: ConnectionPool[Any], serde: AvroSerde):
+        self.spec = spec
+        self.settings = settings
+        self.pool = pool
+        self.serde = serde
+        self.outbox = Outbox(serde)
+        self.source = f"/flotilla/{spec.name}"
+        self.stopping = threading.Event()
+
+    def emit(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        topic: str,
+        key: str,
+        record_type: str,
+        value: dict[str, Any],
+        correlation: str,
+        cause: Envelope | None = None,
+    ) -> Envelope:
+        """Append a record that no consumed record caused directly (a timer, a person, a
+        scrape), inside the caller's transaction. With ``cause`` it continues that
+        record's chain (causation, hops, trace); without, it starts a new one."""
+        envelope = (
+            cause.caused(record_type, self.source)
+            if cause is not None
+            else Envelope(type=record_type, source=self.source, correlationid=correlation)
+        )
+        self.outbox.append(conn, topic=topic, key=key, value={"eventId": envelope.id, **value}, envelope=envelope)
+        return envelope
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+HandlersFactory = Callable[[ServiceContext], Mapping[str, Handler]]
+Periodic = tuple[float, Callable[[ServiceContext], None]]  # (interval seconds, task)
+Routes = Callable[[FastAPI, ServiceContext], None]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service of the fleet, declared."""
+
+    name: str  # group id, dedupe namespace, ce_source suffix, metrics label
+    database: str
+    topics: tuple[str, ...] = ()
+    handlers: HandlersFactory = lambda ctx: {}
+    migrations: Sequence[str] = ()
+    periodic: Sequence[Periodic] = ()
+    routes: Routes | None = None
+    publishes: bool = True  # has an outbox read by a Debezium connector
+    loop: Mapping[str, Any] = field(default_factory=dict)  # extra LoopConfig fields
+
+
+def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
+    """Database, connector, migrations, pool and serde: everything before running."""
+    if spec.publishes:
+        bootstrap_outbox(settings, spec.database)
+    else:
+        ensure_database(settings, spec.database)
+    with psycopg.connect(settings.pg_dsn(spec.database), autocommit=True) as conn:
+        consumer.migrate(conn)
+        for sql in spec.migrations:
+            conn.execute(sql)
+    pool = open_pool(settings.model_copy(update={"service_database": spec.database}))
+    serde = AvroSerde(registry_client(settings.schema_registry_url))
+    return ServiceContext(spec, settings, pool, serde)
+
+
+def build_loop(ctx: ServiceContext) -> ConsumerLoop:
+    spec = ctx.spec
+    config = LoopConfig(name=spec.name, topics=spec.topics, source=ctx.source, **dict(spec.loop))
+    return ConsumerLoop(config, ctx.settings, ctx.serde, ctx.pool, spec.handlers(ctx))
+
+
+def _run_periodic(ctx: ServiceContext, interval: float, task: Callable[[ServiceContext], None]) -> None:
+    name = getattr(task, "__name__", "task")
+    while not ctx.stopping.wait(interval):
+        try:
+            task(ctx)
+        except Exception:  # a failing tick is logged and retried next tick, never fatal
+            log.exception("periodic task %s failed", name)
+
+
+def start_periodic(ctx: ServiceContext) -> list[threading.Thread]:
+    threads = []
+    for interval, task in ctx.spec.periodic:
+        thread = threading.Thread(
+            target=_run_periodic, args=(ctx, interval, task), name=getattr(task, "__name__", "periodic"), daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
+    """Run ``spec`` until SIGTERM/SIGINT (blocking)."""
+    settings = settings or ServiceSettings.load(service_name=spec.name, service_database=spec.database)
+    logging.basicConfig(level=settings.log_level, format=f"%(asctime)s %(levelname)s {spec.name} %(name)s %(message)s")
+    ctx = prepare(spec, settings)
+    loop = build_loop(ctx) if spec.topics else None
+    server = None
+    if settings.http_port:
+        app = create_app(spec.name, lambda: database_ready(ctx.pool) and not ctx.stopping.is_set())
+        if spec.routes is not None:
+            spec.routes(app, ctx)
+        server = serve_http(app, settings.http_host, settings.http_port)
+    threads = start_periodic(ctx)
+    log.info("%s started (topics: %s, http: %s)", spec.name, ", ".join(spec.topics) or "-", settings.http_port or "-")
+    try:
+        if loop is not None:
+            loop.install_signal_handlers()
+            loop.run()
+        else:
+            _wait_for_signal(ctx)
+    finally:
+        ctx.stopping.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        if server is not None:
+            server.should_exit = True
+        ctx.pool.close()
+        log.info("%s stopped", spec.name)
+
+
+def _wait_for_signal(ctx: ServiceContext) -> None:
+    import signal
+
+    def handle(signum: int, frame: object) -> None:
+        ctx.stopping.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    while not ctx.stopping.wait(0.5):
+        pass

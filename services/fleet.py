@@ -1,0 +1,35 @@
+"""The fleet at a glance: each service's module, database and HTTP port.
+
+The local fleet runner, docker compose, the Kubernetes manifests and the tests read
+this table instead of repeating it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str  # service name: group id, ce_source /flotilla/<name>, process name
+    module: str  # python -m <module> runs it
+    database: str | None  # its own PostgreSQL database (None: keeps no state)
+    http_port: int
+
+
+SIM = Member("sim", "services.sim", None, 18110)
+HEALTH = Member("health-agent", "services.health_agent", "flotilla_health", 18101)
+DIAGNOSTIC = Member("diagnostic-agent", "services.diagnostic_agent", "flotilla_diagnostic", 18102)
+REMEDIATION = Member("remediation-agent", "services.remediation_agent", "flotilla_remediation", 18103)
+POLICY = Member("policy-service", "services.policy", "flotilla_policy", 18104)
+EXECUTOR = Member("executor", "services.executor", "flotilla_executor", 18105)
+AUDIT = Member("audit", "services.audit", "flotilla_audit", 18106)
+DLQ_RECONCILER = Member("dlq-reconciler", "services.dlq_reconciler", "flotilla_dlq", 18107)
+
+AGENTS = (HEALTH, DIAGNOSTIC, REMEDIATION, POLICY, EXECUTOR, AUDIT, DLQ_RECONCILER)
+FLEET = (SIM, *AGENTS)
+BY_NAME = {m.name: m for m in FLEET}
+
+
+def url(member: Member, host: str = "127.0.0.1") -> str:
+    return f"http://{host}:{member.http_port}"
