@@ -79,6 +79,108 @@ class StackError(RuntimeError):
     """A failure the operator can act on; the message says what and where."""
 
 
+# ------------------------------------------------------------- supervisord
+
+
+class SupervisorError(StackError):
+    """supervisord or supervisorctl failed."""
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path, label: str, home: Path) -> None:
+        self.run_dir = run_dir
+        self.conf = run_dir / "supervisord.conf"
+        self.pidfile = run_dir / "supervisord.pid"
+        # A unix socket path must stay under ~100 bytes, so it lives in /tmp, named by a
+        # digest of the stack home (several checkouts can each run a stack on other ports).
+        digest = hashlib.sha1(str(home).encode()).hexdigest()[:10]
+        self.sock = Path("/tmp") / f"flotilla-{label}-{digest}.sock"
+
+    def header(self, logs: Path, user: str) -> str:
+        """The [supervisord]/[unix_http_server]/[supervisorctl] part of a config."""
+        return f"""; generated — edit the controller that writes it, not this file
+[unix_http_server]
+file={self.sock}
+chmod=0700
+
+[supervisord]
+logfile={logs / f"supervisord-{self.sock.stem.split('-')[1]}.log"}
+pidfile={self.pidfile}
+childlogdir={logs}
+nodaemon=false
+user={user}
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://{self.sock}
+"""
+
+    def running(self) -> bool:
+        if not self.pidfile.exists() or not self.sock.exists():
+            return False
+        try:
+            os.kill(int(self.pidfile.read_text().strip()), 0)
+        except (ValueError, ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def ctl(self, *args: str, check: bool = True) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(self.conf), *args],
+            capture_output=True,
+            text=True,
+        )
+        if check and proc.returncode not in (0, 3):  # 3: some programs not running (status)
+            raise SupervisorError(f"supervisorctl {' '.join(args)} failed: {(proc.stdout + proc.stderr).strip()}")
+        return proc.stdout
+
+    def states(self) -> dict[str, str]:
+        """Program name → supervisor state (RUNNING, STARTING, BACKOFF, FATAL, …)."""
+        if not self.running():
+            return {}
+        states = {}
+        for line in self.ctl("status", check=False).splitlines():
+            parts = line.split()
+            if len(parts) >= 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    def launch(self, log: Path) -> None:
+        """Start the daemon with the config already written; wait for its socket."""
+        self.sock.unlink(missing_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(self.conf)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(proc.stdout + proc.stderr)
+            raise SupervisorError(f"supervisord did not start (see {log}): {(proc.stderr or proc.stdout).strip()}")
+        deadline = time.monotonic() + 15
+        while not self.sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def shutdown(self, programs: list[str], timeout: float = 30) -> None:
+        """Stop programs in the given order, then the daemon."""
+        if not self.running():
+            return
+        for name in programs:
+            self.ctl("stop", name, check=False)
+        self.ctl("shutdown", check=False)
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a log, on one line, for error messages."""
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log yet)"
+
+
 # The environment variable that moves each port (named in error messages).
 PORT_ENV = {
     "postgres": "FLOTILLA_PG_PORT",
@@ -102,9 +204,7 @@ DEFAULT_PORTS = {
 
 PORTS = {key: int(os.environ.get(PORT_ENV[key], default)) for key, default in DEFAULT_PORTS.items()}
 HOST = "127.0.0.1"
-# A unix socket path must stay under ~100 bytes, so it lives in /tmp named by a digest
-# of the stack home (several checkouts can each run a stack, on different ports).
-SUPERVISOR_SOCK = Path("/tmp") / f"flotilla-supervisor-{hashlib.sha1(str(STACK_HOME).encode()).hexdigest()[:10]}.sock"
+SUPERVISOR = Supervisor(RUN, "supervisor", STACK_HOME)
 
 
 def stack_env() -> dict[str, str]:
@@ -530,24 +630,8 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
     jvm_kafka = f'{JVM_COMMON} -Dlog4j2.configurationFile={log4j} -Dkafka.logs.dir={LOGS} -cp "{libs}/*"'
     conf = RUN / "supervisord.conf"
     conf.write_text(
-        f"""; generated by infra/local/stackctl.py — edit that, not this
-[unix_http_server]
-file={SUPERVISOR_SOCK}
-chmod=0700
-
-[supervisord]
-logfile={LOGS / "supervisord.log"}
-pidfile={RUN / "supervisord.pid"}
-childlogdir={LOGS}
-nodaemon=false
-user={pwd.getpwuid(os.geteuid()).pw_name}
-
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-
-[supervisorctl]
-serverurl=unix://{SUPERVISOR_SOCK}
-
+        SUPERVISOR.header(LOGS, pwd.getpwuid(os.geteuid()).pw_name)
+        + f"""
 [program:postgres]
 command={pg_bindir / "postgres"} -D {pgdata}
 {pg_user_line}autostart=false
@@ -599,70 +683,31 @@ environment={env_line({})}
 # --------------------------------------------------------------------- control
 
 
-def _supervisorctl(*args: str, check: bool = True) -> str:
-    conf = RUN / "supervisord.conf"
-    proc = subprocess.run(
-        [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf), *args], capture_output=True, text=True
-    )
-    if check and proc.returncode not in (0, 3):  # 3: some programs not running (status)
-        raise StackError(f"supervisorctl {' '.join(args)} failed: {(proc.stdout + proc.stderr).strip()}")
-    return proc.stdout
-
-
-def _supervisord_running() -> bool:
-    pidfile = RUN / "supervisord.pid"
-    if not pidfile.exists() or not SUPERVISOR_SOCK.exists():
-        return False
-    try:
-        os.kill(int(pidfile.read_text().strip()), 0)
-    except (ValueError, ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _program_states() -> dict[str, str]:
-    if not _supervisord_running():
-        return {}
-    states = {}
-    for line in _supervisorctl("status", check=False).splitlines():
-        parts = line.split()
-        if len(parts) >= 2:
-            states[parts[0]] = parts[1]
-    return states
-
-
 def _wait_healthy(comp: Component, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if comp.health():
             return
-        state = _program_states().get(comp.name, "")
+        state = SUPERVISOR.states().get(comp.name, "")
         if state in ("FATAL", "BACKOFF", "EXITED"):
             raise StackError(
-                f"{comp.name} failed to start (supervisor state {state}); read {comp.log}: " + _tail(comp.log)
+                f"{comp.name} failed to start (supervisor state {state}); read {comp.log}: " + tail(comp.log)
             )
         time.sleep(0.5)
     raise StackError(
         f"{comp.name} did not become healthy on {comp.endpoint} within {timeout:.0f}s; read {comp.log}: "
-        + _tail(comp.log)
+        + tail(comp.log)
     )
 
 
-def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log yet)"
-
-
 def _start(comp: Component, timeout: float) -> None:
-    state = _program_states().get(comp.name)
+    state = SUPERVISOR.states().get(comp.name)
     if state == "RUNNING" and comp.health():
         return
     _say(f"starting {comp.name} on {comp.endpoint}")
     t0 = time.monotonic()
     if state != "RUNNING":
-        _supervisorctl("start", comp.name, check=False)
+        SUPERVISOR.ctl("start", comp.name, check=False)
     _wait_healthy(comp, timeout)
     _say(f"{comp.name} healthy after {time.monotonic() - t0:.1f}s")
 
@@ -710,7 +755,7 @@ def write_env_file() -> None:
 
 def _preflight_ports() -> None:
     """Fail fast, before any download or start, when a port we need is someone else's."""
-    states = _program_states()
+    states = SUPERVISOR.states()
     for comp in COMPONENTS:
         if states.get(comp.name) == "RUNNING":
             continue  # ours
@@ -738,18 +783,10 @@ def up() -> None:
         # A cluster outside .stack left by an earlier checkout at this path: its
         # replication slots and registry ids would not match a fresh Kafka. Start clean.
         shutil.rmtree(pgdata)
-    if not _supervisord_running():
+    if not SUPERVISOR.running():
         _init_postgres(pg_bindir, pg_user, pgdata)
-        conf = _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)
-        SUPERVISOR_SOCK.unlink(missing_ok=True)
-        _run(
-            [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
-            what="starting supervisord",
-            log=LOGS / "supervisord-start.log",
-        )
-        deadline = time.monotonic() + 15
-        while not SUPERVISOR_SOCK.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)
+        SUPERVISOR.launch(LOGS / "supervisord-start.log")
     write_env_file()
     _start(BY_NAME["postgres"], 60)
     _ensure_databases()
@@ -763,16 +800,11 @@ def up() -> None:
 
 
 def down() -> None:
-    if not _supervisord_running():
+    if not SUPERVISOR.running():
         _say("stack is not running")
         return
     # Reverse dependency order: Connect and the registry before Kafka and PostgreSQL.
-    for name in ("connect", "registry", "kafka", "postgres"):
-        _supervisorctl("stop", name, check=False)
-    _supervisorctl("shutdown", check=False)
-    deadline = time.monotonic() + 30
-    while _supervisord_running() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    SUPERVISOR.shutdown(["connect", "registry", "kafka", "postgres"])
     _say("stack stopped (data kept in " + str(DATA) + ")")
 
 
@@ -787,7 +819,7 @@ def reset() -> None:
 
 
 def status(as_json: bool) -> int:
-    states = _program_states()
+    states = SUPERVISOR.states()
     rows = []
     for comp in COMPONENTS:
         healthy = comp.health()

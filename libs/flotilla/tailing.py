@@ -7,14 +7,15 @@ transaction); this is a throwaway reader that never joins a group.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 from confluent_kafka import Consumer, TopicPartition
 
 from flotilla.envelope import RawHeaders, header_pairs
 
 
-def tail_consumer(bootstrap: str, topic: str, **config: str | int | bool) -> Consumer:
-    """A consumer assigned every partition of ``topic`` at its current end offset.
+def tail_consumer(bootstrap: str, topic: str | Sequence[str], **config: str | int | bool) -> Consumer:
+    """A consumer assigned every partition of ``topic`` (or topics) at its current end offset.
 
     Offsets are resolved here, synchronously: with ``auto.offset.reset=latest`` they
     would be resolved at the first fetch, and a record produced in between is skipped.
@@ -27,11 +28,11 @@ def tail_consumer(bootstrap: str, topic: str, **config: str | int | bool) -> Con
             **config,
         }
     )
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     assignment = []
-    for partition in partitions:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        assignment.append(TopicPartition(topic, partition, high))
+    for name in [topic] if isinstance(topic, str) else topic:
+        for partition in consumer.list_topics(name, timeout=10).topics[name].partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=10)
+            assignment.append(TopicPartition(name, partition, high))
     consumer.assign(assignment)
     return consumer
 

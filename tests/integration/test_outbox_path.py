@@ -88,12 +88,17 @@ def test_registry_enforces_backward_compatibility_globally(stack: StackSettings)
         "namespace": "dev.flotilla.tests",
         "fields": [{"name": "a", "type": "string"}],
     }
-    register(client, Contract(topic, v1))
-    required_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int"}]}  # type: ignore[list-item]
-    with pytest.raises(IncompatibleSchemaError, match=rf"{topic}-dev.flotilla.tests.Probe.*incompatible"):
-        register(client, Contract(topic, required_b))
-    defaulted_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int", "default": 0}]}  # type: ignore[list-item]
-    assert register(client, Contract(topic, defaulted_b)) > 0
+    subject = Contract(topic, v1).subject
+    try:
+        register(client, Contract(topic, v1))
+        required_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int"}]}  # type: ignore[list-item]
+        with pytest.raises(IncompatibleSchemaError, match=rf"{topic}-dev.flotilla.tests.Probe.*incompatible"):
+            register(client, Contract(topic, required_b))
+        defaulted_b = {**v1, "fields": [*v1["fields"], {"name": "b", "type": "int", "default": 0}]}  # type: ignore[list-item]
+        assert register(client, Contract(topic, defaulted_b)) > 0
+    finally:  # leave the registry as we found it
+        client.delete_subject(subject)
+        client.delete_subject(subject, permanent=True)
 
 
 def test_record_reaches_its_topic_keyed_with_payload_and_cloudevents_headers(
