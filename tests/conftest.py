@@ -8,6 +8,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# The real stack, started once per session, for integration and end-to-end tests.
+pytest_plugins = ["tests.stack_fixtures"]
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
