@@ -135,6 +135,17 @@ def down() -> None:
     _say("fleet stopped")
 
 
+def restart(service: str | None) -> None:
+    """Restart one member (or all) and wait until it is ready again."""
+    members = [m for m in FLEET if service in (None, m.name)]
+    if not members:
+        raise StackError(f"no fleet member named {service!r}; members: {', '.join(m.name for m in FLEET)}")
+    SUPERVISOR.ctl("restart", *[m.name for m in members])
+    for member in members:
+        _wait_ready(member)
+    _say(f"restarted {', '.join(m.name for m in members)}")
+
+
 def status(as_json: bool) -> int:
     states = SUPERVISOR.states()
     rows = [
@@ -168,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "down":
             down()
         elif args.action == "restart":
-            SUPERVISOR.ctl("restart", args.service or "all")
+            restart(args.service)
         else:
             return status(args.json)
     except StackError as exc:

@@ -1,0 +1,59 @@
+"""The whole fleet on the real stack, started once for the end-to-end tests.
+
+Timings are shortened through the same FLOTILLA_* settings an operator would use
+(faster scrapes, a short verification window, quick simulated actions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flotilla.serde import AvroSerde
+from flotilla.settings import StackSettings
+
+from .fleet import Fleet
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
+
+E2E_SETTINGS = {
+    "FLOTILLA_HEALTH_SCRAPE_SECONDS": "0.5",
+    "FLOTILLA_HEALTH_BREACH_SCRAPES": "2",
+    "FLOTILLA_HEALTH_CLEAR_SCRAPES": "2",
+    "FLOTILLA_HEALTH_VERIFY_SECONDS": "2",
+    "FLOTILLA_SIM_ACTION_SECONDS": "0.1",
+    "FLOTILLA_APPROVAL_SWEEP_SECONDS": "0.5",
+    # long enough to restart every service while an approval waits, short enough to test expiry
+    "FLOTILLA_APPROVAL_TTL_SECONDS": "45",
+    "FLOTILLA_POLICY_USERS": json.dumps(
+        {
+            "alice-token": {"user": "alice", "roles": ["approver"]},
+            "bob-token": {"user": "bob", "roles": ["viewer"]},
+            # an approver who is also the proposer: must never approve its own proposal
+            "mallory-token": {"user": "remediation-agent", "roles": ["approver"]},
+        }
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def fleet(stack: StackSettings, serde: AvroSerde) -> Iterator[Fleet]:
+    env = {**os.environ, **E2E_SETTINGS}
+    FLEETCTL_DOWN = [*FLEETCTL, "down"]
+    subprocess.run(FLEETCTL_DOWN, capture_output=True, timeout=120, env=env)  # a fleet from earlier settings
+    started = subprocess.run([*FLEETCTL, "up"], capture_output=True, text=True, timeout=600, env=env)
+    sys.stdout.write(started.stdout)
+    if started.returncode != 0:
+        pytest.fail(f"fleet did not come up:\n{started.stdout}\n{started.stderr}")
+    try:
+        yield Fleet(stack, serde)
+    finally:
+        if os.environ.get("FLOTILLA_KEEP_FLEET") != "1":
+            subprocess.run(FLEETCTL_DOWN, capture_output=True, timeout=180, env=env)

@@ -1,0 +1,156 @@
+"""Driving and watching the running fleet from end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from flotilla.envelope import Envelope
+from flotilla.serde import AvroSerde, SerdeError
+from flotilla.settings import StackSettings
+from flotilla.tailing import tail_consumer
+from services.fleet import AUDIT, DLQ_RECONCILER, POLICY, SIM, Member, url
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+APPROVER = "alice-token"
+VIEWER = "bob-token"
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"HTTP {status}: {body}")
+
+
+def http(method: str, address: str, body: object | None = None, token: str | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(address, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        raise HttpError(exc.code, parsed) from None
+    return json.loads(raw) if raw else None
+
+
+@dataclass
+class Seen:
+    """A decoded record seen on a topic."""
+
+    topic: str
+    kind: str  # short record name, e.g. RecoveryExecuted
+    envelope: Envelope
+    value: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)
+
+
+class Watch:
+    """Everything that lands on incidents and commands from now on, decoded."""
+
+    def __init__(self, consumer: Consumer, serde: AvroSerde) -> None:
+        self._consumer = consumer
+        self._serde = serde
+        self.seen: list[Seen] = []
+
+    def _pump(self, timeout: float) -> None:
+        msg = self._consumer.poll(timeout)
+        if msg is None or msg.error():
+            return
+        try:
+            envelope = Envelope.from_headers(msg.headers())
+            decoded = self._serde.deserialize(msg.value())
+        except (ValueError, SerdeError):
+            return
+        self.seen.append(Seen(msg.topic() or "", decoded.record_name.rsplit(".", 1)[-1], envelope, decoded.value))
+
+    def wait(self, match: Callable[[Seen], bool], timeout: float = 60, what: str = "record") -> Seen:
+        deadline = time.monotonic() + timeout
+        checked = 0
+        while True:
+            for item in self.seen[checked:]:
+                if match(item):
+                    return item
+            checked = len(self.seen)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout:.0f}s; saw {[s.kind for s in self.seen][-30:]}")
+            self._pump(0.2)
+
+    def kind(self, kind: str, incident: str | None = None, timeout: float = 60) -> Seen:
+        return self.wait(
+            lambda s: s.kind == kind and (incident is None or s.envelope.correlationid == incident),
+            timeout,
+            what=f"{kind} for {incident or 'any incident'}",
+        )
+
+    def settle(self, seconds: float) -> None:
+        """Keep reading for a while (to assert something did NOT happen)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self._pump(0.2)
+
+    def of(self, incident: str, kind: str | None = None) -> list[Seen]:
+        return [s for s in self.seen if s.envelope.correlationid == incident and (kind is None or s.kind == kind)]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class Fleet:
+    def __init__(self, stack: StackSettings, serde: AvroSerde) -> None:
+        self.stack = stack
+        self.serde = serde
+
+    def watch(self) -> Watch:
+        return Watch(tail_consumer(self.stack.kafka_bootstrap, ["incidents", "commands"]), self.serde)
+
+    def call(self, member: Member, method: str, path: str, body: object | None = None, token: str | None = None) -> Any:
+        return http(method, url(member) + path, body, token)
+
+    def sim(self, method: str, path: str, body: object | None = None) -> Any:
+        return self.call(SIM, method, path, body)
+
+    def reset_sim(self) -> None:
+        self.sim("POST", "/reset", {})
+
+    def fault(self, service: str, kind: str, **extra: Any) -> Any:
+        return self.sim("POST", "/faults", {"service": service, "kind": kind, **extra})
+
+    def approve(self, proposal: str, digest: str, token: str = APPROVER) -> Any:
+        return self.call(POLICY, "POST", f"/approvals/{proposal}/approve", {"digest": digest}, token)
+
+    def reject(self, proposal: str, digest: str, token: str = APPROVER, reason: str = "not now") -> Any:
+        return self.call(POLICY, "POST", f"/approvals/{proposal}/reject", {"digest": digest, "reason": reason}, token)
+
+    def audit_verify(self) -> Any:
+        return self.call(AUDIT, "GET", "/verify")
+
+    def dlq(self, method: str, path: str, body: object | None = None, token: str | None = None) -> Any:
+        return self.call(DLQ_RECONCILER, method, path, body, token)
+
+    def restart(self, service: str) -> None:
+        done = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "restart", service],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr

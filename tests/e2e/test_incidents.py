@@ -1,0 +1,122 @@
+"""Whole incidents through the running fleet: detection → diagnosis → proposal → policy
+→ (approval) → fenced execution → verified recovery, and the ways that can go wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .fleet import APPROVER, VIEWER, Fleet, HttpError, Seen, Watch
+
+pytestmark = pytest.mark.timeout(300)
+
+DEMO_SERVICE = "checkout-api"
+PROPOSER_TOKEN = "mallory-token"  # configured as user "remediation-agent" with the approver role
+
+
+@pytest.fixture()
+def watch(fleet: Fleet) -> Iterator[Watch]:
+    fleet.reset_sim()
+    w = fleet.watch()
+    yield w
+    w.close()
+    fleet.reset_sim()
+
+
+def open_incident(fleet: Fleet, watch: Watch, service: str = DEMO_SERVICE) -> str:
+    """Slow down checkout's payments dependency and return the incident the health agent opens."""
+    fleet.fault("payments-api", "dependency-slow")
+    opened = watch.wait(
+        lambda s: s.kind == "ServiceLatencyIncreased" and s.value.get("service") == service,
+        timeout=60,
+        what=f"ServiceLatencyIncreased for {service}",
+    )
+    return opened.envelope.correlationid
+
+
+def awaiting_approval(fleet: Fleet, watch: Watch) -> tuple[str, Seen]:
+    incident = open_incident(fleet, watch)
+    return incident, watch.kind("HumanApprovalRequired", incident, timeout=90)
+
+
+def test_happy_path_with_a_human_approval(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    for kind in ("DiagnosisRequested", "DependencyFailureSuspected", "RecoveryProposed"):
+        assert watch.of(incident, kind), f"no {kind} before the approval request"
+    proposal = str(request.value["proposalId"])
+    fleet.approve(proposal, str(request.value["digest"]))
+
+    approved = watch.kind("RecoveryApproved", incident)
+    assert approved.value["auto"] is False
+    assert approved.value["approvedBy"] == "alice"
+    executed = watch.kind("RecoveryExecuted", incident)
+    assert executed.value["idempotencyKey"] == f"{incident}:scale:12"
+    watch.kind("RecoveryCompleted", incident, timeout=60)
+
+    # one incident for one ongoing breach, one action for one approval
+    opened = [s for s in watch.seen if s.kind == "ServiceLatencyIncreased" and s.value["service"] == DEMO_SERVICE]
+    assert len(opened) == 1
+    assert len(watch.of(incident, "RecoveryExecuted")) == 1
+    assert fleet.sim("GET", f"/actions/{incident}:scale:12")["status"] == "applied"
+    # causation links the chain back to the opening fact
+    assert executed.envelope.causationid is not None
+    verdict = fleet.audit_verify()
+    assert verdict["ok"] is True, verdict
+
+
+def test_approval_by_the_proposer_is_refused(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    with pytest.raises(HttpError) as refused:
+        fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]), token=PROPOSER_TOKEN)
+    assert refused.value.status == 403
+    with pytest.raises(HttpError) as viewer:
+        fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]), token=VIEWER)
+    assert viewer.value.status == 403
+    watch.settle(2)
+    assert not watch.of(incident, "RecoveryApproved")
+    assert not [s for s in watch.seen if s.topic == "commands" and s.value.get("incidentId") == incident]
+
+
+def test_approval_with_a_wrong_digest_is_refused(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    wrong = "sha256:" + "0" * 64
+    with pytest.raises(HttpError) as refused:
+        fleet.approve(str(request.value["proposalId"]), wrong)
+    assert refused.value.status == 409
+    watch.settle(2)
+    assert not watch.of(incident, "RecoveryApproved")
+    # the right digest still works afterwards: the refusal changed nothing
+    fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]))
+    watch.kind("RecoveryExecuted", incident)
+
+
+def test_approval_after_the_deadline_is_refused_and_escalates(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    expired = watch.kind("ApprovalExpired", incident, timeout=60)
+    assert expired.value["proposalId"] == request.value["proposalId"]
+    watch.kind("IncidentEscalated", incident)
+    with pytest.raises(HttpError) as late:
+        fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]), token=APPROVER)
+    assert late.value.status == 409
+    watch.settle(2)
+    assert not watch.of(incident, "RecoveryExecuted")
+
+
+def test_every_service_restarted_while_waiting_for_approval_resumes(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    for service in (
+        "health-agent",
+        "diagnostic-agent",
+        "remediation-agent",
+        "policy-service",
+        "executor",
+        "audit",
+        "dlq-reconciler",
+    ):
+        fleet.restart(service)
+    fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]))
+    watch.kind("RecoveryExecuted", incident)
+    watch.kind("RecoveryCompleted", incident, timeout=60)
+    assert len(watch.of(incident, "HumanApprovalRequired")) == 1  # nothing replayed into a second request
+    assert fleet.audit_verify()["ok"] is True
