@@ -1,0 +1,178 @@
+"""The sim's HTTP API (see docs/design/fleet-contracts.md, "The sim").
+
+Errors are ``{"error": message}``: 400 for a malformed request (not JSON, a field of the
+wrong type, no idempotency key or fencing token), 404 for an unknown service, action,
+fault or key, 409 for a stale fencing token (``fencingToken`` and ``newestToken`` say
+which), 422 for parameters the service cannot take (and for an idempotency key reused
+with a different action, resource or params).
+
+``/metrics`` comes from prometheus_client with a registry of the app's own, filled by a
+collector that reads the model at scrape time; nothing is cached between scrapes and
+two apps in one process (as in the tests) never share series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from services.sim.model import ACTIONS, InvalidAction, SimModel, UnknownResource
+from services.sim.state import KeyReused, SimState, StaleToken
+
+
+class ActionRequest(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    resource: StrictStr | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: StrictStr | None = Field(default=None, alias="idempotencyKey")
+    fencing_token: StrictInt | None = Field(default=None, alias="fencingToken")
+    holder: StrictStr | None = None
+
+
+class FaultRequest(BaseModel):
+    service: StrictStr
+    kind: StrictStr
+    dependency: StrictStr | None = None
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class _SimCollector(Collector):
+    def __init__(self, state: SimState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterable[Metric]:
+        def snapshot(model: SimModel) -> list[tuple[str, Any, Any]]:
+            return [(name, model.service(name), model.latency(name)) for name in model.names]
+
+        rows: list[tuple[str, Any, Any]] = self._state.read(snapshot)
+        p95 = GaugeMetricFamily("sim_latency_p95_ms", "p95 latency of the service, ms.", labels=["service"])
+        replicas = GaugeMetricFamily("sim_replicas", "Running replicas of the service.", labels=["service"])
+        threshold = GaugeMetricFamily(
+            "sim_latency_threshold_ms", "p95 above which the service is in trouble, ms.", labels=["service"]
+        )
+        dependency = GaugeMetricFamily(
+            "sim_dependency_latency_p95_ms",
+            "p95 latency the service sees from a dependency (its active target), ms.",
+            labels=["service", "dependency"],
+        )
+        utilization = GaugeMetricFamily(
+            "sim_pool_utilization_ratio",
+            "Worker-slot demand over worker slots of the service; above 1 requests wait for the pool.",
+            labels=["service"],
+        )
+        for name, service, latency in rows:
+            p95.add_metric([name], latency.p95_ms)
+            replicas.add_metric([name], service.replicas)
+            threshold.add_metric([name], service.threshold_ms)
+            utilization.add_metric([name], latency.utilization)
+            for dep, ms in latency.dependencies_ms.items():
+                dependency.add_metric([name, dep], ms)
+        return [p95, replicas, threshold, dependency, utilization]
+
+
+def create_sim_app(model: SimModel | None = None, *, action_seconds: float = 0.2) -> FastAPI:
+    """The sim over ``model`` (the default topology if None); ``/reset`` returns to it."""
+    state = SimState(model or SimModel.default(), action_seconds=action_seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SimCollector(state))
+
+    app = FastAPI(title="flotilla sim", docs_url=None, redoc_url=None)
+    app.state.sim = state
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            "body is not valid JSON"
+            if e.get("type") == "json_invalid"
+            else f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in exc.errors()
+        ]
+        return _error(400, "malformed request: " + "; ".join(problems))
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": "sim"}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/services")
+    def services() -> list[dict[str, Any]]:
+        return state.services()
+
+    @app.get("/services/{name:path}", response_model=None)
+    def service(name: str) -> dict[str, Any] | JSONResponse:
+        try:
+            return state.service(name)
+        except UnknownResource as exc:
+            return _error(404, str(exc))
+
+    @app.get("/faults")
+    def faults() -> list[dict[str, Any]]:
+        return state.faults()
+
+    @app.post("/faults", status_code=201, response_model=None)
+    def add_fault(body: FaultRequest) -> dict[str, Any] | JSONResponse:
+        try:
+            return state.add_fault(body.service, body.kind, body.dependency).as_json()
+        except UnknownResource as exc:
+            return _error(404, str(exc))
+        except InvalidAction as exc:
+            return _error(422, str(exc))
+
+    @app.delete("/faults/{fault_id}", response_model=None)
+    def remove_fault(fault_id: str) -> dict[str, Any] | JSONResponse:
+        try:
+            return state.remove_fault(fault_id).as_json()
+        except UnknownResource as exc:
+            return _error(404, str(exc))
+
+    @app.post("/reset")
+    def reset() -> dict[str, str]:
+        state.reset()
+        return {"status": "reset"}
+
+    @app.post("/actions/{action}", response_model=None)
+    def act(action: str, body: ActionRequest) -> dict[str, Any] | JSONResponse:
+        if action not in ACTIONS:
+            return _error(404, f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+        if not body.idempotency_key:
+            return _error(400, "idempotencyKey is required")
+        if body.fencing_token is None:
+            return _error(400, "fencingToken is required")
+        if body.fencing_token < 0:
+            return _error(400, "fencingToken must not be negative")
+        if not body.resource:
+            return _error(400, "resource is required")
+        try:
+            return state.perform(
+                action, body.resource, body.params, body.idempotency_key, body.fencing_token, body.holder
+            )
+        except StaleToken as exc:
+            return _error(409, "stale fencing token", fencingToken=exc.token, newestToken=exc.newest)
+        except UnknownResource as exc:
+            return _error(404, str(exc))
+        except (InvalidAction, KeyReused) as exc:
+            return _error(422, str(exc))
+
+    @app.get("/actions/{idempotency_key:path}", response_model=None)
+    def lookup(idempotency_key: str) -> dict[str, Any] | JSONResponse:
+        recorded = state.lookup(idempotency_key)
+        if recorded is None:
+            return _error(404, f"no action applied with idempotency key {idempotency_key!r}")
+        return recorded
+
+    return app

@@ -1,0 +1,377 @@
+"""The sim's production: services, their topology, faults, and a latency model.
+
+Pure and deterministic: no clock, no randomness, no locking (``services.sim.state``
+does that). The same topology, faults and actions always give the same p95, so a test
+or a demo can assert exact numbers.
+
+How a service's p95 is made (milliseconds)::
+
+    own          = base latency (x BAD_DEPLOY_FACTOR while a bad revision runs)
+    service time = own + p95 of each dependency's *active* target (called in turn)
+    utilization  = load x service time / (replicas x pool per replica)
+                   (Little's law: requests in flight over the worker slots that hold them;
+                   a pool-exhausted service keeps only EXHAUSTED_POOL_FRACTION of its slots)
+    penalty      = POOL_WAIT_MS x (utilization - 1) when utilization > 1, else 0
+                   (requests beyond the pool wait for a slot; the wait grows with the overload)
+    p95          = (service time + penalty), x SLOW_DEPENDENCY_FACTOR while the service is
+                   the slow one of a dependency-slow fault
+
+Load is fixed per service (it does not flow from callers), which keeps the numbers easy to
+reason about. With the default topology, checkout-api (4 replicas, 400 rps, 20 slots per
+replica, 120 ms own, payments-api 35 ms, inventory-db 25 ms) runs at 180 ms; payments-api
+8x slower makes each request hold its slot for 425 ms, demand is 2.1x the 80 slots and
+p95 climbs to ~1,830 ms; 12 replicas (240 slots) absorb the same demand and p95 falls to
+425 ms, under the 500 ms threshold; failing payments over to its secondary gives 190 ms.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ACTIONS = ("scale", "restart", "rollback", "failover")
+FAULT_KINDS = ("dependency-slow", "pool-exhausted", "bad-deploy")
+
+SLOW_DEPENDENCY_FACTOR = 8.0  # a dependency-slow service answers this many times slower
+EXHAUSTED_POOL_FRACTION = 0.4  # share of its worker slots a pool-exhausted service keeps
+BAD_DEPLOY_FACTOR = 4.0  # own latency of a bad revision, relative to a good one
+POOL_WAIT_MS = 1250.0  # p95 wait for a pool slot per unit of overload (utilization - 1)
+MAX_REPLICAS = 100
+
+
+class UnknownResource(LookupError):
+    """The named service (or fault) does not exist."""
+
+
+class InvalidAction(ValueError):
+    """An action, fault or parameter the model cannot accept; nothing was changed."""
+
+
+@dataclass
+class Service:
+    name: str
+    replicas: int
+    base_ms: float  # own work per request at p95, dependencies excluded
+    load_rps: float  # offered load, fixed
+    pool_per_replica: int  # worker slots (threads / connections) per replica
+    threshold_ms: float  # p95 above this is an incident
+    revision: str
+    previous_revision: str | None = None
+    dependencies: list[str] = field(default_factory=list)
+    failover_target: str | None = None  # standby callers may fail over to
+    environment: str = "production"
+    active: dict[str, str] = field(default_factory=dict)  # dependency -> target in use
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: str
+    service: str  # the service the fault was raised on
+    kind: str
+    dependency: str | None = None  # dependency-slow: the slow dependency of ``service``
+    revision: str | None = None  # bad-deploy: the revision that is bad
+
+    @property
+    def slow_service(self) -> str:
+        """dependency-slow: the service that answers slowly."""
+        return self.dependency or self.service
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "service": self.service,
+            "kind": self.kind,
+            "dependency": self.dependency,
+            "revision": self.revision,
+        }
+
+
+@dataclass(frozen=True)
+class Latency:
+    """How one service's p95 came about (all milliseconds but utilization)."""
+
+    own_ms: float
+    dependencies_ms: dict[str, float]  # dependency name -> p95 of its active target
+    service_time_ms: float
+    utilization: float
+    penalty_ms: float
+    p95_ms: float
+
+
+def _ms(value: float) -> float:
+    return round(value, 1)
+
+
+def _next_revision(revision: str) -> str:
+    match = re.fullmatch(r"(.*?)(\d+)", revision)
+    if match is None:
+        return f"{revision}-next"
+    prefix, number = match.groups()
+    return f"{prefix}{int(number) + 1}"
+
+
+class SimModel:
+    """A topology of services plus the faults raised on it. Not thread-safe."""
+
+    def __init__(self, services: Iterable[Service]) -> None:
+        self._services: dict[str, Service] = {}
+        for service in services:
+            if service.name in self._services:
+                raise ValueError(f"service {service.name} declared twice")
+            self._services[service.name] = copy.deepcopy(service)
+        self._faults: dict[str, Fault] = {}
+        self._fault_seq = 0
+        for service in self._services.values():
+            for dep in service.dependencies:
+                if dep not in self._services:
+                    raise ValueError(f"{service.name} depends on unknown service {dep}")
+                active = service.active.setdefault(dep, dep)
+                if active not in (dep, self._services[dep].failover_target):
+                    raise ValueError(f"{service.name} calls {active} for {dep}, which is not its failover target")
+            if service.failover_target is not None and service.failover_target not in self._services:
+                raise ValueError(f"{service.name} fails over to unknown service {service.failover_target}")
+        for name in self._services:
+            self._check_acyclic(name, ())
+
+    @classmethod
+    def default(cls) -> SimModel:
+        """The demo's production: checkout-api calling payments-api and inventory-db."""
+        return cls(
+            [
+                Service(
+                    "checkout-api",
+                    replicas=4,
+                    base_ms=120.0,
+                    load_rps=400.0,
+                    pool_per_replica=20,
+                    threshold_ms=500.0,
+                    revision="v41",
+                    previous_revision="v40",
+                    dependencies=["payments-api", "inventory-db"],
+                ),
+                Service(
+                    "payments-api",
+                    replicas=3,
+                    base_ms=35.0,
+                    load_rps=400.0,
+                    pool_per_replica=50,
+                    threshold_ms=400.0,
+                    revision="v17",
+                    previous_revision="v16",
+                    failover_target="payments-api-secondary",
+                ),
+                Service(
+                    "payments-api-secondary",
+                    replicas=2,
+                    base_ms=45.0,
+                    load_rps=400.0,
+                    pool_per_replica=50,
+                    threshold_ms=400.0,
+                    revision="v17",
+                    previous_revision="v16",
+                ),
+                Service(
+                    "inventory-db",
+                    replicas=2,
+                    base_ms=25.0,
+                    load_rps=400.0,
+                    pool_per_replica=50,
+                    threshold_ms=150.0,
+                    revision="v8",
+                    previous_revision="v7",
+                ),
+                Service(
+                    "search-api",
+                    replicas=2,
+                    base_ms=60.0,
+                    load_rps=150.0,
+                    pool_per_replica=20,
+                    threshold_ms=300.0,
+                    revision="v23",
+                    previous_revision="v22",
+                ),
+            ]
+        )
+
+    def _check_acyclic(self, name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise ValueError("dependency cycle: " + " -> ".join((*path, name)))
+        for dep in self._services[name].dependencies:
+            standby = self._services[dep].failover_target
+            for callee in (dep, standby) if standby is not None else (dep,):
+                self._check_acyclic(callee, (*path, name))
+
+    # -- reading -------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._services)
+
+    def service(self, name: str) -> Service:
+        try:
+            return self._services[name]
+        except KeyError:
+            raise UnknownResource(f"unknown service {name}") from None
+
+    def resolve(self, resource: str) -> str:
+        """A service name from ``name`` or ``<environment>/<name>`` (the commands-topic key)."""
+        environment, _, name = resource.rpartition("/")
+        service = self.service(name)
+        if environment and environment != service.environment:
+            raise UnknownResource(f"unknown service {resource} (it is in {service.environment})")
+        return name
+
+    @property
+    def faults(self) -> list[Fault]:
+        return list(self._faults.values())
+
+    def latency(self, name: str) -> Latency:
+        service = self.service(name)
+        bad = any(
+            f.kind == "bad-deploy" and f.service == name and f.revision == service.revision
+            for f in self._faults.values()
+        )
+        own = service.base_ms * (BAD_DEPLOY_FACTOR if bad else 1.0)
+        deps = {dep: self.latency(service.active[dep]).p95_ms for dep in service.dependencies}
+        service_time = own + sum(deps.values())
+        exhausted = any(f.kind == "pool-exhausted" and f.service == name for f in self._faults.values())
+        slots = service.replicas * service.pool_per_replica * (EXHAUSTED_POOL_FRACTION if exhausted else 1.0)
+        utilization = service.load_rps * service_time / 1000.0 / slots
+        penalty = POOL_WAIT_MS * max(0.0, utilization - 1.0)
+        p95 = service_time + penalty
+        if any(f.kind == "dependency-slow" and f.slow_service == name for f in self._faults.values()):
+            p95 *= SLOW_DEPENDENCY_FACTOR
+        return Latency(
+            own_ms=_ms(own),
+            dependencies_ms=deps,
+            service_time_ms=_ms(service_time),
+            utilization=round(utilization, 4),
+            penalty_ms=_ms(penalty),
+            p95_ms=_ms(p95),
+        )
+
+    def p95(self, name: str) -> float:
+        return self.latency(name).p95_ms
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """One service as ``GET /services/{name}`` shows it."""
+        service = self.service(name)
+        failover = {
+            dep: target for dep in service.dependencies if (target := self._services[dep].failover_target) is not None
+        }
+        return {
+            "name": service.name,
+            "environment": service.environment,
+            "replicas": service.replicas,
+            "revision": service.revision,
+            "previousRevision": service.previous_revision,
+            "dependencies": list(service.dependencies),
+            "failoverTargets": failover,
+            "activeDependencies": dict(service.active),
+            "p95Ms": self.p95(name),
+            "thresholdMs": service.threshold_ms,
+            "faults": [f.as_json() for f in self._faults.values() if name in (f.service, f.dependency)],
+        }
+
+    # -- faults --------------------------------------------------------------------
+
+    def add_fault(self, service: str, kind: str, dependency: str | None = None) -> Fault:
+        target = self.service(service)
+        if kind not in FAULT_KINDS:
+            raise InvalidAction(f"unknown fault kind {kind!r}; one of {', '.join(FAULT_KINDS)}")
+        if dependency is not None:
+            if kind != "dependency-slow":
+                raise InvalidAction(f"a {kind} fault takes no dependency")
+            if dependency not in target.dependencies:
+                raise InvalidAction(f"{service} does not depend on {dependency}")
+        revision = None
+        if kind == "bad-deploy":
+            # the fault is a deploy: a new (bad) revision replaces the running one
+            revision = _next_revision(target.revision)
+            target.previous_revision, target.revision = target.revision, revision
+        self._fault_seq += 1
+        fault = Fault(f"fault-{self._fault_seq}", service, kind, dependency, revision)
+        self._faults[fault.id] = fault
+        return fault
+
+    def remove_fault(self, fault_id: str) -> Fault:
+        try:
+            return self._faults.pop(fault_id)
+        except KeyError:
+            raise UnknownResource(f"unknown fault {fault_id}") from None
+
+    # -- actions -------------------------------------------------------------------
+
+    def validate(self, action: str, name: str, params: Mapping[str, Any]) -> None:
+        """Raise :class:`InvalidAction` unless ``action`` with ``params`` can run on ``name``."""
+        service = self.service(name)
+        expected = {
+            "scale": {"replicas"},
+            "restart": {"rolling"},
+            "rollback": {"toRevision"},
+            "failover": {"dependency", "toTarget"},
+        }.get(action)
+        if expected is None:
+            raise InvalidAction(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+        if set(params) != expected:
+            raise InvalidAction(f"{action} takes params {sorted(expected)}, got {sorted(params)}")
+        if action == "scale":
+            replicas = params["replicas"]
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= MAX_REPLICAS:
+                raise InvalidAction(f"replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
+        elif action == "restart":
+            if not isinstance(params["rolling"], bool):
+                raise InvalidAction(f"rolling must be true or false, got {params['rolling']!r}")
+        elif action == "rollback":
+            known = {service.revision, service.previous_revision} - {None}
+            if params["toRevision"] not in known:
+                raise InvalidAction(
+                    f"{name} can roll back only to {service.previous_revision!r} (running {service.revision!r}),"
+                    f" not {params['toRevision']!r}"
+                )
+        else:
+            dep, to = params["dependency"], params["toTarget"]
+            if dep not in service.dependencies:
+                raise InvalidAction(f"{name} does not depend on {dep!r}")
+            allowed = {dep, self._services[dep].failover_target} - {None}
+            if to not in allowed:
+                raise InvalidAction(f"{dep!r} can fail over only to {sorted(a for a in allowed if a)}, not {to!r}")
+
+    def apply(self, action: str, name: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run a validated action; return the service's state (before, after)."""
+        self.validate(action, name, params)
+        service = self.service(name)
+        before = self._state(action, service, params)
+        if action == "scale":
+            service.replicas = int(params["replicas"])
+        elif action == "restart":
+            # none of the modelled faults lives in a process: a restart changes no latency
+            service.restarts += 1
+        elif action == "rollback":
+            target = str(params["toRevision"])
+            if target != service.revision:
+                service.previous_revision, service.revision = service.revision, target
+        else:
+            service.active[str(params["dependency"])] = str(params["toTarget"])
+        return before, self._state(action, service, params)
+
+    def _state(self, action: str, service: Service, params: Mapping[str, Any]) -> dict[str, Any]:
+        state: dict[str, Any]
+        if action == "scale":
+            state = {"replicas": service.replicas}
+        elif action == "restart":
+            state = {"replicas": service.replicas, "revision": service.revision, "restarts": service.restarts}
+        elif action == "rollback":
+            state = {"revision": service.revision, "previousRevision": service.previous_revision}
+        else:
+            dep = str(params["dependency"])
+            state = {"dependency": dep, "activeTarget": service.active[dep]}
+        state["p95Ms"] = self.p95(service.name)
+        return state
+
+    def copy(self) -> SimModel:
+        return copy.deepcopy(self)

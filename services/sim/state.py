@@ -1,0 +1,188 @@
+"""The sim's mutable state: the model plus the action ledger, behind one lock.
+
+It is a simulator, so everything lives in process memory and is lost on restart; a
+real target keeps the same two things durably. The ledger holds
+
+- the recorded result of every applied action, by idempotency key (a repeated key gets
+  the recorded result back, marked ``replayed``, and changes nothing), and
+- the newest fencing token admitted per resource (a lower token is refused with nothing
+  applied, so a paused or partitioned executor cannot act after its lease moved on).
+
+An action runs in two steps around its simulated duration, and both take the one lock:
+
+1. *admit*: replay if the key is recorded; refuse a stale token; validate; then raise the
+   resource's newest token to this one (a newer holder showing up while an older one's
+   action is still running fences the older one out);
+2. *commit*, after the simulated time: the same checks again (the key may have been
+   recorded, a newer token admitted, or the service changed meanwhile), then apply to the
+   model and record the result, together.
+
+So two requests with the same key apply once whatever their timing, and an action whose
+token went stale while it ran is refused rather than applied late. A replay is answered
+before the token is checked: it applies nothing, and it tells a stale holder the truth
+about its own key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from services.sim.model import Fault, SimModel
+
+
+class StaleToken(Exception):
+    def __init__(self, token: int, newest: int) -> None:
+        super().__init__(f"fencing token {token} is older than {newest}")
+        self.token = token
+        self.newest = newest
+
+
+class KeyReused(Exception):
+    """An idempotency key already recorded for a different action, resource or params."""
+
+
+@dataclass(frozen=True)
+class _Record:
+    fingerprint: tuple[str, str, tuple[tuple[str, str], ...]]
+    body: dict[str, Any]
+    holder: str | None
+    fencing_token: int
+
+
+def _fingerprint(action: str, name: str, params: Mapping[str, Any]) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    return action, name, tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+class SimState:
+    """The model, the ledger and the lock that makes them change together."""
+
+    def __init__(
+        self,
+        model: SimModel,
+        *,
+        action_seconds: float = 0.2,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._initial = model.copy()
+        self._model = model
+        self._lock = threading.Lock()
+        self._records: dict[str, _Record] = {}
+        self._newest: dict[str, int] = {}
+        self.action_seconds = action_seconds
+        self._sleep = sleep
+        self.applied = 0  # actions applied since start or reset (replays excluded)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def services(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [self._model.describe(name) for name in self._model.names]
+
+    def service(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            return self._model.describe(self._model.resolve(name))
+
+    def read(self, reader: Callable[[SimModel], Any]) -> Any:
+        """Run ``reader`` on the model under the lock (a consistent snapshot)."""
+        with self._lock:
+            return reader(self._model)
+
+    def faults(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [f.as_json() for f in self._model.faults]
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            record = self._records.get(key)
+            return dict(record.body) if record is not None else None
+
+    def newest_token(self, resource: str) -> int | None:
+        with self._lock:
+            return self._newest.get(self._model.resolve(resource))
+
+    # -- writes --------------------------------------------------------------------
+
+    def add_fault(self, service: str, kind: str, dependency: str | None) -> Fault:
+        with self._lock:
+            return self._model.add_fault(self._model.resolve(service), kind, dependency)
+
+    def remove_fault(self, fault_id: str) -> Fault:
+        with self._lock:
+            return self._model.remove_fault(fault_id)
+
+    def reset(self) -> None:
+        """The initial topology, no faults, an empty ledger (for tests and demos)."""
+        with self._lock:
+            self._model = self._initial.copy()
+            self._records.clear()
+            self._newest.clear()
+            self.applied = 0
+
+    def perform(
+        self,
+        action: str,
+        resource: str,
+        params: Mapping[str, Any],
+        idempotency_key: str,
+        fencing_token: int,
+        holder: str | None,
+    ) -> dict[str, Any]:
+        """Apply an action once per key; return its result body (``replayed`` set).
+
+        Raises :class:`StaleToken`, :class:`KeyReused`,
+        :class:`~services.sim.model.UnknownResource` or
+        :class:`~services.sim.model.InvalidAction`; none of them changes anything.
+        """
+        started = time.monotonic()
+        with self._lock:
+            recorded = self._admit(action, resource, params, idempotency_key, fencing_token)
+            if recorded is not None:
+                return recorded
+            name = self._model.resolve(resource)
+            self._newest[name] = max(self._newest.get(name, fencing_token), fencing_token)
+        self._sleep(self.action_seconds)
+        with self._lock:
+            recorded = self._admit(action, resource, params, idempotency_key, fencing_token)
+            if recorded is not None:
+                return recorded
+            before, after = self._model.apply(action, name, params)
+            body = {
+                "idempotencyKey": idempotency_key,
+                "action": action,
+                "resource": resource,
+                "status": "applied",
+                "before": before,
+                "after": after,
+                "appliedAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "replayed": False,
+                "durationMs": round((time.monotonic() - started) * 1000),
+            }
+            self._records[idempotency_key] = _Record(_fingerprint(action, name, params), body, holder, fencing_token)
+            self.applied += 1
+            return dict(body)
+
+    def _admit(
+        self, action: str, resource: str, params: Mapping[str, Any], key: str, token: int
+    ) -> dict[str, Any] | None:
+        """The recorded result (as a replay) if ``key`` was applied; raise if the action
+        may not run; None if it may. Call with the lock held."""
+        name = self._model.resolve(resource)
+        record = self._records.get(key)
+        if record is not None:
+            if record.fingerprint != _fingerprint(action, name, params):
+                done = record.body
+                raise KeyReused(
+                    f"idempotency key {key!r} was already used for {done['action']} of {done['resource']}"
+                    " with other parameters"
+                )
+            return {**record.body, "replayed": True}
+        newest = self._newest.get(name)
+        if newest is not None and token < newest:
+            raise StaleToken(token, newest)
+        self._model.validate(action, name, params)
+        return None
