@@ -1,0 +1,1 @@
+"""The executor: carries out authorized commands exactly once, fenced and keyed."""

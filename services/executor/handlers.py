@@ -1,0 +1,136 @@
+"""The executor's handlers: boring on purpose.
+
+A command: replay → nothing; proposal no longer open → refused; otherwise run it once
+under the resource's lease, report RecoveryExecuted or CommandFailed, and if it failed,
+undo the proposal's completed steps. A RecoveryFailed: undo the proposal's completed
+steps. A RecoveryCompleted: the proposal is done, nothing to undo any more.
+
+Leases, idempotency, the target and compensation live in their own modules; the
+transaction boundaries are explained in :mod:`services.executor.execution`.
+
+The loop runs with ``follow_workflow=False``: the executor reacts to commands, which the
+incident workflow does not gate, and to RecoveryFailed/RecoveryCompleted, which it checks
+against its own saga state (a saga that is no longer open ignores them) rather than
+against a copy of the incident state machine it would have to keep in step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from flotilla.consumer import ESCALATION_TARGET
+from flotilla.envelope import Envelope
+from flotilla.handling import Handler, HandlerContext
+from services.executor import commands, compensation, idempotency, outcomes, saga
+from services.executor.execution import PROPOSAL_ABORTED, Applied, Executor, Failed, Session
+from services.executor.outcomes import TOPIC
+from services.executor.saga import Saga, SagaStatus
+
+log = logging.getLogger(__name__)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ExecutorHandlers:
+    """The handlers of one executor process, bound to its Executor and clock."""
+
+    def __init__(self, executor: Executor, clock: Callable[[], datetime] = _utcnow) -> None:
+        self.executor = executor
+        self.clock = clock
+
+    def mapping(self) -> dict[str, Handler]:
+        handlers: dict[str, Handler] = {record_type: self.on_command for record_type in commands.ACTIONS}
+        handlers[outcomes.RECOVERY_FAILED] = self.on_recovery_failed
+        handlers[outcomes.RECOVERY_COMPLETED] = self.on_recovery_completed
+        return handlers
+
+    # -------------------------------------------------------------- handlers
+
+    def on_command(self, ctx: HandlerContext) -> None:
+        step = commands.from_record(ctx.incoming.record_type, ctx.incoming.value)
+        if ctx.incoming.key is not None and ctx.incoming.key != step.resource:
+            log.warning(
+                "%s arrived keyed %r, not by its resource %s", step.idempotency_key, ctx.incoming.key, step.resource
+            )
+        recorded = idempotency.find(ctx.conn, step.idempotency_key)
+        if recorded is not None and recorded.settled:
+            log.info("%s already %s: nothing to do", step.idempotency_key, recorded.state.value)
+            return
+
+        proposal = saga.join(ctx.conn, step)
+        if not proposal.open:
+            why = f"proposal {step.proposal_id} is {proposal.status.value.lower()}: {proposal.reason}"
+            self._report_failed(ctx, Failed(step, PROPOSAL_ABORTED, why, retryable=False))
+            return
+
+        session = self.executor.session()
+        outcome = session.run(ctx.conn, step, self.clock())
+        if isinstance(outcome, Applied):
+            saga.add_step(ctx.conn, outcome)
+            self._report_applied(ctx, outcome)
+        elif isinstance(outcome, Failed):
+            failure = self._report_failed(ctx, outcome)
+            self._compensate(ctx, session, proposal, cause=failure, trigger=f"{step.idempotency_key} failed")
+        session.record(ctx.conn)
+
+    def on_recovery_failed(self, ctx: HandlerContext) -> None:
+        value = ctx.incoming.value
+        proposal = saga.lock(ctx.conn, str(value["proposalId"]))
+        if proposal is None or not proposal.open:
+            state = "no step of it ran here" if proposal is None else proposal.status.value
+            log.info("RecoveryFailed for proposal %s ignored: %s", value["proposalId"], state)
+            return
+        session = self.executor.session()
+        self._compensate(ctx, session, proposal, cause=ctx.incoming.envelope, trigger=str(value["reason"]))
+        session.record(ctx.conn)
+
+    def on_recovery_completed(self, ctx: HandlerContext) -> None:
+        proposal = saga.lock(ctx.conn, str(ctx.incoming.value["proposalId"]))
+        if proposal is not None and proposal.open:
+            saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPLETED, "recovery verified")
+
+    # -------------------------------------------------------------- pieces
+
+    def _compensate(
+        self, ctx: HandlerContext, session: Session, proposal: Saga, *, cause: Envelope, trigger: str
+    ) -> None:
+        """Undo the proposal's completed steps, last first; report and close the saga."""
+        completed = saga.completed(ctx.conn, proposal.proposal_id)
+        if not completed:
+            saga.close(ctx.conn, proposal.proposal_id, SagaStatus.ABORTED, f"{trigger}; nothing to undo")
+            return
+        now = self.clock()
+        report = compensation.run_plan(compensation.plan(completed), lambda undo: session.run(ctx.conn, undo, now))
+        for done, outcome in report.undone:
+            saga.mark_compensated(ctx.conn, done.step, outcome.step.command_id)
+            if isinstance(outcome, Applied):
+                self._report_applied(ctx, outcome)
+        if report.complete:
+            summary = report.summary()
+            value = outcomes.compensation_completed(
+                proposal.incident_id, proposal.proposal_id, report.compensated_command_ids, cause.id, summary, now
+            )
+            ctx.emit(TOPIC, proposal.incident_id, outcomes.COMPENSATION_COMPLETED, value)
+            saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPENSATED, f"{trigger}; {summary}")
+            return
+        if report.failure is not None:
+            cause = self._report_failed(ctx, report.failure)
+        reason = f"recovery {proposal.proposal_id} failed ({trigger}) and could not be undone: {report.summary()}"
+        escalated = outcomes.incident_escalated(
+            proposal.incident_id, reason, cause.id, cause.type, ESCALATION_TARGET, self.clock()
+        )
+        ctx.emit(TOPIC, proposal.incident_id, outcomes.INCIDENT_ESCALATED, escalated)
+        saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPENSATION_FAILED, reason)
+
+    def _report_applied(self, ctx: HandlerContext, applied: Applied) -> Envelope:
+        value = outcomes.recovery_executed(applied, self.clock())
+        return ctx.emit(TOPIC, applied.step.incident_id, outcomes.RECOVERY_EXECUTED, value)
+
+    def _report_failed(self, ctx: HandlerContext, failed: Failed) -> Envelope:
+        log.warning("%s failed: %s: %s", failed.step.idempotency_key, failed.error_class, failed.message)
+        value = outcomes.command_failed(failed, self.clock())
+        return ctx.emit(TOPIC, failed.step.incident_id, outcomes.COMMAND_FAILED, value)

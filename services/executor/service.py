@@ -1,0 +1,82 @@
+"""The executor as a ServiceSpec: topics, handlers, migrations and a read-only HTTP view."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from psycopg.rows import dict_row
+
+from flotilla.handling import Handler
+from flotilla.runner import ServiceContext, ServiceSpec
+from services.executor.execution import Executor
+from services.executor.handlers import ExecutorHandlers
+from services.executor.settings import ExecutorSettings
+from services.executor.targets import ActionTarget
+from services.fleet import EXECUTOR
+
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
+
+# One transaction per record (see services.executor.execution): a batch transaction would
+# keep one command's lease row locked while the next command's short transaction takes it.
+LOOP = {"follow_workflow": False, "batch_transactions": False}
+
+TargetFactory = Callable[[ExecutorSettings], ActionTarget]
+
+
+def executor_settings(ctx: ServiceContext) -> ExecutorSettings:
+    if isinstance(ctx.settings, ExecutorSettings):
+        return ctx.settings
+    return ExecutorSettings(**ctx.settings.model_dump())
+
+
+def spec(
+    target: TargetFactory | None = None,
+    clock: Callable[[], datetime] | None = None,
+    **overrides: Any,
+) -> ServiceSpec:
+    """The executor's ServiceSpec; ``target`` replaces the one the settings select (tests,
+    other deployments), ``overrides`` replace ServiceSpec fields (e.g. topics in tests)."""
+
+    def handlers(ctx: ServiceContext) -> Mapping[str, Handler]:
+        settings = executor_settings(ctx)
+        action_target = target(settings) if target is not None else settings.build_target()
+        executor = Executor(ctx.pool, action_target, settings.executor_config())
+        return ExecutorHandlers(executor, clock or (lambda: datetime.now(UTC))).mapping()
+
+    fields: dict[str, Any] = {
+        "name": EXECUTOR.name,
+        "database": EXECUTOR.database,
+        "topics": ("commands", "incidents"),
+        "handlers": handlers,
+        "migrations": MIGRATIONS,
+        "routes": routes,
+        "loop": LOOP,
+        **overrides,
+    }
+    return ServiceSpec(**fields)
+
+
+def routes(app: FastAPI, ctx: ServiceContext) -> None:
+    """Read-only views for operators: leases and executions."""
+
+    @app.get("/leases")
+    def list_leases() -> list[dict[str, Any]]:
+        with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows: list[dict[str, Any]] = cur.execute(
+                "SELECT resource, holder, epoch, expires_at, expires_at > now() AS held FROM leases ORDER BY resource"
+            ).fetchall()
+        return rows
+
+    @app.get("/executions/{idempotency_key}")
+    def execution(idempotency_key: str) -> dict[str, Any]:
+        with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            row: dict[str, Any] | None = cur.execute(
+                "SELECT * FROM executions WHERE idempotency_key = %s", (idempotency_key,)
+            ).fetchone()
+        if row is None:
+            raise HTTPException(404, f"no execution for {idempotency_key}")
+        return row

@@ -1,0 +1,74 @@
+"""The executor's settings (``FLOTILLA_*``) and the target they select."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from flotilla.service import ServiceSettings
+from flotilla.settings import default_env_file
+from services.executor.execution import ExecutorConfig
+from services.executor.targets import ActionTarget, KubernetesTarget, SimTarget
+from services.fleet import EXECUTOR
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def default_executor_id() -> str:
+    """``<hostname>-<pid>``: unique per process, so a restarted executor is a new holder
+    and waits for its predecessor's lease to expire (set FLOTILLA_EXECUTOR_ID to a stable
+    id, e.g. a StatefulSet pod name, to take its own leases back at once)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ExecutorSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
+
+    service_name: str = EXECUTOR.name
+    service_database: str = EXECUTOR.database or "flotilla_executor"
+    http_port: int = EXECUTOR.http_port
+
+    executor_id: str = Field(default_factory=default_executor_id, min_length=1)  # the lease holder
+    executor_lease_ttl_seconds: float = Field(15.0, gt=0)
+    executor_lease_wait_seconds: float = Field(20.0, ge=0)  # wait for another holder's lease, then fail
+    executor_target_attempts: int = Field(3, ge=1)  # calls per step while the target is unavailable
+    executor_target_backoff_seconds: float = Field(0.5, ge=0)
+    executor_target_timeout_seconds: float = Field(5.0, gt=0)
+    executor_target: Literal["sim", "kubernetes"] = "sim"
+
+    sim_url: str = "http://127.0.0.1:18110"
+    kubernetes_api_url: str = "https://kubernetes.default.svc"
+    kubernetes_namespace: str = "default"
+    kubernetes_token_file: str = str(SERVICE_ACCOUNT / "token")
+    kubernetes_ca_file: str = str(SERVICE_ACCOUNT / "ca.crt")
+
+    @classmethod
+    def load(cls, **overrides: Any) -> ExecutorSettings:
+        path = default_env_file()
+        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
+
+    def executor_config(self) -> ExecutorConfig:
+        return ExecutorConfig(
+            holder=self.executor_id,
+            lease_ttl_seconds=self.executor_lease_ttl_seconds,
+            lease_wait_seconds=self.executor_lease_wait_seconds,
+            target_attempts=self.executor_target_attempts,
+            target_backoff_seconds=self.executor_target_backoff_seconds,
+        )
+
+    def build_target(self) -> ActionTarget:
+        if self.executor_target == "kubernetes":
+            ca = Path(self.kubernetes_ca_file)
+            return KubernetesTarget(
+                self.kubernetes_api_url,
+                Path(self.kubernetes_token_file).read_text().strip(),
+                self.kubernetes_namespace,
+                verify=str(ca) if ca.exists() else True,
+                timeout=self.executor_target_timeout_seconds,
+            )
+        return SimTarget(self.sim_url, timeout=self.executor_target_timeout_seconds)
