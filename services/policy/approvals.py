@@ -1,0 +1,270 @@
+"""A person's decision on a pending proposal, and the expiry of those nobody decided.
+
+Both run outside the consumer loop (an HTTP request, a timer), so they open their own
+transaction and write with ``ServiceContext.emit``, continuing the chain of the
+HumanApprovalRequired the proposal is waiting under.
+
+An approval re-checks everything on locked rows just before it authorizes: the incident
+workflow row (so no newer proposal is being recorded meanwhile), the current-proposal
+rows of every resource the plan touches (it must still be the current one), the
+proposal row (still pending, same digest, deadline not passed), and the policies
+themselves (the plan, approved by a person, must still be allowed).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from prometheus_client import Counter
+
+from flotilla.runner import ServiceContext
+from flotilla.workflow import WorkflowStore
+from services.policy import records, store
+from services.policy.auth import Person
+from services.policy.commands import epoch_ms
+from services.policy.decide import Outcome
+from services.policy.rules import (
+    Action,
+    ProposalStatus,
+    Refusal,
+    check_digest,
+    check_incident,
+    check_open,
+    check_person,
+    check_request,
+)
+from services.policy.runtime import PolicyRuntime
+
+log = logging.getLogger(__name__)
+
+PERSON_DECISIONS = Counter(
+    "flotilla_policy_person_decisions_total", "Approvals and rejections over HTTP", ["action", "result"]
+)
+EXPIRED = Counter("flotilla_policy_approvals_expired_total", "Pending approvals that expired")
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What the HTTP caller gets back after a decision was recorded."""
+
+    proposal_id: str
+    incident_id: str
+    status: ProposalStatus
+    by: str
+    event_ids: dict[str, str] = field(default_factory=dict)  # record type short name -> ce_id
+    command_ids: list[str] = field(default_factory=list)
+
+
+def decide_by_person(
+    svc: ServiceContext,
+    runtime: PolicyRuntime,
+    *,
+    proposal_id: str,
+    person: Person,
+    action: Action,
+    digest: str,
+    reason: str | None = None,
+) -> Decided:
+    """Approve or reject; raises Refusal (with the HTTP status) when it may not."""
+    try:
+        result = _decide(svc, runtime, proposal_id, person, action, digest, reason)
+    except Refusal as refusal:
+        PERSON_DECISIONS.labels(action.value, str(refusal.status)).inc()
+        if refusal.expire:
+            expire(svc, proposal_id=proposal_id)  # its own transaction: the expiry stands
+        raise
+    PERSON_DECISIONS.labels(action.value, "200").inc()
+    return result
+
+
+def _decide(
+    svc: ServiceContext,
+    runtime: PolicyRuntime,
+    proposal_id: str,
+    person: Person,
+    action: Action,
+    digest: str,
+    reason: str | None,
+) -> Decided:
+    with svc.pool.connection() as conn, conn.transaction():
+        # Unlocked first look: answer who-are-you and what-did-you-name without locking.
+        found = store.get(conn, proposal_id)
+        if found is None:
+            raise Refusal(404, f"no proposal {proposal_id}")
+        check_person(runtime.engine, action, person, found.view())
+        check_digest(found.view(), digest)
+        check_open(found.view(), svc.now())
+
+        # Lock in the service's one order: workflow row, current rows, proposal row.
+        incident = WorkflowStore.load_for_update(conn, found.incident_id)
+        current = store.lock_current(conn, found.incident_id, found.resources)
+        locked = store.get(conn, proposal_id, lock=True)
+        assert locked is not None  # proposals are never deleted
+        now = svc.now()
+        person_check = check_request(runtime.engine, action, person, locked.view(), digest, now)
+        check_incident(locked.view(), incident.status)
+        stale = {r: p for r, p in ((r, current.get(r)) for r in locked.resources) if p != proposal_id}
+        if stale:
+            detail = ", ".join(f"{r} (current: {p or 'none'})" for r, p in sorted(stale.items()))
+            raise Refusal(409, f"proposal {proposal_id} is no longer the current proposal for {detail}")
+
+        if action is Action.APPROVE:
+            recheck = runtime.engine.decide(locked.proposal_facts(), epoch_ms(now), human_approved=True)
+            if recheck.outcome is not Outcome.AUTO:
+                raise Refusal(
+                    409,
+                    "policy no longer allows this plan: " + "; ".join(recheck.reasons),
+                    policy_ids=recheck.policy_ids,
+                )
+            return _approve(svc, conn, locked, person, person_check.policy_ids, now)
+        return _reject(svc, conn, locked, person, reason, now)
+
+
+def _approve(
+    svc: ServiceContext,
+    conn: psycopg.Connection[Any],
+    proposal: store.StoredProposal,
+    person: Person,
+    policy_ids: list[str],
+    now: datetime,
+) -> Decided:
+    if not store.resolve(conn, proposal.proposal_id, ProposalStatus.APPROVED, by=person.name, resolution="approved"):
+        raise Refusal(409, f"proposal {proposal.proposal_id} is no longer pending")
+    approved = svc.emit(
+        conn,
+        topic=records.INCIDENTS_TOPIC,
+        key=proposal.incident_id,
+        record_type=records.RECOVERY_APPROVED,
+        value=records.recovery_approved(
+            incident=proposal.incident_id,
+            proposal=proposal.proposal_id,
+            digest=proposal.digest,
+            by=person.name,
+            auto=False,
+            policy_ids=policy_ids,
+            at=now,
+        ),
+        correlation=proposal.incident_id,
+        cause=proposal.request_envelope(),
+    )
+    issued = records.issue_commands(
+        svc.outbox, conn, cause=approved, source=svc.source, commands=proposal.command_records()
+    )
+    log.info("proposal %s approved by %s: %d command(s) issued", proposal.proposal_id, person.name, len(issued))
+    return Decided(
+        proposal.proposal_id,
+        proposal.incident_id,
+        ProposalStatus.APPROVED,
+        person.name,
+        {"RecoveryApproved": approved.id},
+        [e.id for e in issued],
+    )
+
+
+def _reject(
+    svc: ServiceContext,
+    conn: psycopg.Connection[Any],
+    proposal: store.StoredProposal,
+    person: Person,
+    reason: str | None,
+    now: datetime,
+) -> Decided:
+    why = (reason or "").strip() or f"rejected by {person.name}"
+    if not store.resolve(conn, proposal.proposal_id, ProposalStatus.REJECTED, by=person.name, resolution=why):
+        raise Refusal(409, f"proposal {proposal.proposal_id} is no longer pending")
+    rejected = svc.emit(
+        conn,
+        topic=records.INCIDENTS_TOPIC,
+        key=proposal.incident_id,
+        record_type=records.RECOVERY_REJECTED,
+        value=records.recovery_rejected(
+            incident=proposal.incident_id,
+            proposal=proposal.proposal_id,
+            digest=proposal.digest,
+            by=person.name,
+            reason=why,
+            at=now,
+        ),
+        correlation=proposal.incident_id,
+        cause=proposal.request_envelope(),
+    )
+    escalated = svc.emit(
+        conn,
+        topic=records.INCIDENTS_TOPIC,
+        key=proposal.incident_id,
+        record_type=records.INCIDENT_ESCALATED,
+        value=records.incident_escalated(
+            incident=proposal.incident_id,
+            reason=f"{person.name} rejected proposal {proposal.proposal_id} ({proposal.summary}): {why}",
+            cause=rejected,
+            at=now,
+        ),
+        correlation=proposal.incident_id,
+        cause=rejected,
+    )
+    log.info("proposal %s rejected by %s: %s", proposal.proposal_id, person.name, why)
+    return Decided(
+        proposal.proposal_id,
+        proposal.incident_id,
+        ProposalStatus.REJECTED,
+        person.name,
+        {"RecoveryRejected": rejected.id, "IncidentEscalated": escalated.id},
+    )
+
+
+def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 100) -> list[str]:
+    """Expire pending proposals past their deadline: ApprovalExpired + IncidentEscalated
+    each, exactly once however many sweeps (or late approvals) race. Returns their ids."""
+    with svc.pool.connection() as conn, conn.transaction():
+        now = svc.now()
+        due = store.expire_due(conn, at=now if proposal_id is not None else None, proposal_id=proposal_id, limit=limit)
+        for proposal in due:
+            assert proposal.deadline is not None
+            expired = svc.emit(
+                conn,
+                topic=records.INCIDENTS_TOPIC,
+                key=proposal.incident_id,
+                record_type=records.APPROVAL_EXPIRED,
+                value=records.approval_expired(
+                    incident=proposal.incident_id,
+                    proposal=proposal.proposal_id,
+                    digest=proposal.digest,
+                    role=proposal.required_role,
+                    deadline=proposal.deadline,
+                    at=now,
+                ),
+                correlation=proposal.incident_id,
+                cause=proposal.request_envelope(),
+            )
+            svc.emit(
+                conn,
+                topic=records.INCIDENTS_TOPIC,
+                key=proposal.incident_id,
+                record_type=records.INCIDENT_ESCALATED,
+                value=records.incident_escalated(
+                    incident=proposal.incident_id,
+                    reason=(
+                        f"no approver decided on proposal {proposal.proposal_id} ({proposal.summary}) "
+                        f"before its deadline {proposal.deadline.isoformat()}"
+                    ),
+                    cause=expired,
+                    at=now,
+                ),
+                correlation=proposal.incident_id,
+                cause=expired,
+            )
+            EXPIRED.inc()
+            log.info(
+                "approval of proposal %s expired; incident %s escalated", proposal.proposal_id, proposal.incident_id
+            )
+    return [p.proposal_id for p in due]
+
+
+def sweep(svc: ServiceContext) -> None:
+    """The periodic task: expire what is due, in batches, until nothing is."""
+    while len(expire(svc)) == 100 and not svc.stopping.is_set():
+        pass

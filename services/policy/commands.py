@@ -1,0 +1,107 @@
+"""The steps of a proposal as commands: which kind each is, where it goes, what it says.
+
+A ``RecoveryProposed`` carries its steps as an Avro union of the four command records.
+Decoded, a step is a plain mapping without its record name, so the kind is read off the
+fields that only that command has. Stored, a step is kept in the canonical form the
+digest is computed over (timestamps as epoch milliseconds, UUIDs as text): hashing the
+stored steps again gives the proposal's digest, and the command records issued after an
+approval are exactly those bytes' source, not a re-creation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flotilla.digest import canonical_json
+
+COMMANDS_TOPIC = "commands"
+COMMAND_NAMESPACE = "dev.flotilla.commands"
+
+# Fields every command has; each kind adds its own (and nothing else).
+COMMON_FIELDS = frozenset(
+    {"commandId", "idempotencyKey", "incidentId", "proposalId", "target", "issuedAt", "expiresAt"}
+)
+KIND_FIELDS: dict[str, frozenset[str]] = {
+    "ScaleService": frozenset({"replicas"}),
+    "RestartService": frozenset({"rolling"}),
+    "RollbackDeployment": frozenset({"toRevision"}),
+    "FailoverDependency": frozenset({"dependency", "toTarget"}),
+}
+
+
+class MalformedStep(ValueError):
+    """A step that is none of the known commands (or more than one)."""
+
+
+def command_kind(step: Mapping[str, Any]) -> str:
+    """``ScaleService`` etc.: the command whose field set ``step`` has exactly."""
+    fields = set(step)
+    matches = [kind for kind, own in KIND_FIELDS.items() if fields == COMMON_FIELDS | own]
+    if len(matches) != 1:
+        raise MalformedStep(f"step fields {sorted(fields)} match no single command kind")
+    return matches[0]
+
+
+def command_type(kind: str) -> str:
+    """The record's full name, which is also its ce_type."""
+    return f"{COMMAND_NAMESPACE}.{kind}"
+
+
+def resource_key(target: Mapping[str, Any]) -> str:
+    """``<environment>/<name>``: the Kafka key on ``commands`` and the unit of "current"."""
+    return f"{target['environment']}/{target['name']}"
+
+
+def canonical_step(step: Mapping[str, Any]) -> dict[str, Any]:
+    """The step as the digest sees it: JSON-safe, timestamps in epoch milliseconds."""
+    value = json.loads(canonical_json(step))
+    assert isinstance(value, dict)
+    return value
+
+
+def epoch_ms(value: datetime | int) -> int:
+    """Epoch milliseconds of a decoded timestamp or an already canonical one."""
+    if isinstance(value, datetime):
+        return int(canonical_json(value))
+    return int(value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TIMESTAMP_FIELDS = ("issuedAt", "expiresAt")
+
+
+def from_epoch_ms(ms: int) -> datetime:
+    """Exact: integer arithmetic, no float seconds in between."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def command_record(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored (canonical) step back as the command record to issue: the same fields,
+    timestamps as datetimes again. Its digest is the stored step's digest."""
+    record = dict(stored)
+    for name in TIMESTAMP_FIELDS:
+        record[name] = from_epoch_ms(int(record[name]))
+    record["target"] = dict(record["target"])
+    return record
+
+
+def describe(step: Mapping[str, Any]) -> str:
+    """One line for a person, e.g. ``scale checkout-api in production to 12 replicas``."""
+    kind = command_kind(step)
+    target = step["target"]
+    where = f"{target['name']} in {target['environment']}"
+    if kind == "ScaleService":
+        return f"scale {where} to {step['replicas']} replicas"
+    if kind == "RestartService":
+        return f"restart {where} ({'rolling' if step['rolling'] else 'all instances at once'})"
+    if kind == "RollbackDeployment":
+        return f"roll {where} back to revision {step['toRevision']}"
+    return f"fail over {step['dependency']} of {where} to {step['toTarget']}"
+
+
+def summarize(steps: Sequence[Mapping[str, Any]]) -> str:
+    """The whole plan in one line, steps in order."""
+    return "; then ".join(describe(step) for step in steps)

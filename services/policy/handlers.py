@@ -1,0 +1,182 @@
+"""What the policy service does with the records it consumes.
+
+RecoveryProposed: check it (digest, steps), decide, make it the current proposal for its
+incident and resources (superseding older pending ones), record proposal and decision,
+and emit — RecoveryApproved(auto) plus the commands, HumanApprovalRequired, or
+CommandDenied (always CommandDenied in a dry run). IncidentEscalated: the incident is in
+people's hands now, so its pending approvals are cancelled.
+
+All of it in the consumer's transaction: the loop has already deduplicated the record
+and checked the incident workflow accepts it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from prometheus_client import Counter
+
+from flotilla.envelope import Envelope
+from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext
+from flotilla.runner import ServiceContext
+from services.policy import records, store
+from services.policy.commands import command_record, epoch_ms, from_epoch_ms
+from services.policy.decide import Decision, Outcome, dry_run_reasons
+from services.policy.proposals import InvalidProposal, Proposal, read_proposal
+from services.policy.rules import ProposalStatus
+from services.policy.runtime import PolicyRuntime
+
+log = logging.getLogger(__name__)
+
+DECISIONS = Counter("flotilla_policy_decisions_total", "Policy decisions on proposals", ["outcome", "dry_run"])
+
+
+def approval_deadline(now: datetime, ttl_seconds: float, proposal: Proposal) -> datetime:
+    """now + TTL, but never later than the first step's expiresAt: an approval that
+    arrives after a command expired could only issue a command the executor refuses."""
+    return min(now + timedelta(seconds=ttl_seconds), from_epoch_ms(proposal.earliest_expiry_ms))
+
+
+def make_handlers(svc: ServiceContext, runtime: PolicyRuntime) -> Mapping[str, Handler]:
+    def on_recovery_proposed(ctx: HandlerContext) -> None:
+        handle_proposal(svc, runtime, ctx)
+
+    def on_incident_escalated(ctx: HandlerContext) -> None:
+        incident = str(ctx.incoming.value["incidentId"])
+        cancelled = store.cancel_pending(
+            ctx.conn, incident, resolution=f"incident escalated: {ctx.incoming.value.get('reason', '')}"
+        )
+        if cancelled:
+            log.info("incident %s escalated: cancelled pending approvals %s", incident, ", ".join(cancelled))
+
+    return {records.RECOVERY_PROPOSED: on_recovery_proposed, records.INCIDENT_ESCALATED: on_incident_escalated}
+
+
+def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerContext) -> None:
+    try:
+        proposal = read_proposal(ctx.incoming.value, correlation_id=ctx.incoming.envelope.correlationid)
+    except InvalidProposal as exc:
+        raise BusinessRuleViolation(f"RecoveryProposed refused: {exc}") from exc
+
+    existing = store.get(ctx.conn, proposal.proposal_id)
+    if existing is not None:
+        if existing.digest != proposal.digest:
+            raise BusinessRuleViolation(
+                f"proposal {proposal.proposal_id} was already received with other steps (digest {existing.digest})"
+            )
+        log.info("proposal %s received again under a new event id: already decided", proposal.proposal_id)
+        return
+
+    now = svc.now()
+    facts = proposal.facts(runtime.inventory.current_replicas)
+    decision = runtime.engine.decide(facts, epoch_ms(now))
+    superseded = store.make_current(ctx.conn, proposal.incident_id, proposal.resources, proposal.proposal_id)
+    if superseded:
+        log.info("proposal %s supersedes %s", proposal.proposal_id, ", ".join(superseded))
+
+    deadline: datetime | None = None
+    request: Envelope | None = None
+    reasons, policy_ids = decision.reasons, decision.policy_ids
+    if runtime.dry_run:
+        status = ProposalStatus.DRY_RUN
+        reasons = dry_run_reasons(decision)
+        _deny(ctx, proposal, decision, reasons, now)
+    elif decision.outcome is Outcome.AUTO:
+        status = ProposalStatus.AUTHORIZED
+        approved = ctx.emit(
+            records.INCIDENTS_TOPIC,
+            proposal.incident_id,
+            records.RECOVERY_APPROVED,
+            records.recovery_approved(
+                incident=proposal.incident_id,
+                proposal=proposal.proposal_id,
+                digest=proposal.digest,
+                by=svc.spec.name,
+                auto=True,
+                policy_ids=policy_ids,
+                at=now,
+            ),
+        )
+        records.issue_commands(
+            svc.outbox,
+            ctx.conn,
+            cause=approved,
+            source=svc.source,
+            commands=[command_record(step) for step in proposal.steps],
+        )
+    elif decision.outcome is Outcome.HUMAN:
+        status = ProposalStatus.PENDING
+        deadline = approval_deadline(now, runtime.approval_ttl_seconds, proposal)
+        request = ctx.emit(
+            records.INCIDENTS_TOPIC,
+            proposal.incident_id,
+            records.HUMAN_APPROVAL_REQUIRED,
+            records.human_approval_required(
+                incident=proposal.incident_id,
+                proposal=proposal.proposal_id,
+                digest=proposal.digest,
+                summary=proposal.summary,
+                reasons=reasons,
+                policy_ids=policy_ids,
+                role=runtime.required_role,
+                proposed_by=proposal.proposed_by,
+                deadline=deadline,
+                at=now,
+            ),
+        )
+    else:
+        status = ProposalStatus.DENIED
+        _deny(ctx, proposal, decision, reasons, now)
+
+    store.insert(
+        ctx.conn,
+        store.NewProposal(
+            proposal_id=proposal.proposal_id,
+            incident_id=proposal.incident_id,
+            proposed_by=proposal.proposed_by,
+            proposal_event_id=ctx.incoming.envelope.id,
+            digest=proposal.digest,
+            steps=proposal.steps,
+            resources=proposal.resources,
+            summary=proposal.summary,
+            facts=facts,
+            decision=decision,
+            dry_run=runtime.dry_run,
+            status=status,
+            required_role=runtime.required_role,
+            deadline=deadline,
+            proposed_at=proposal.proposed_at,
+            decided_at=now,
+            request=request,
+            reasons=reasons,
+            policy_ids=policy_ids,
+        ),
+    )
+    DECISIONS.labels(decision.outcome.value, str(runtime.dry_run).lower()).inc()
+    log.info(
+        "proposal %s of %s: %s%s (%s)",
+        proposal.proposal_id,
+        proposal.incident_id,
+        decision.outcome.value,
+        " [dry run]" if runtime.dry_run else "",
+        "; ".join(reasons),
+    )
+
+
+def _deny(ctx: HandlerContext, proposal: Proposal, decision: Decision, reasons: list[str], now: datetime) -> None:
+    ctx.emit(
+        records.INCIDENTS_TOPIC,
+        proposal.incident_id,
+        records.COMMAND_DENIED,
+        records.command_denied(
+            incident=proposal.incident_id,
+            proposal=proposal.proposal_id,
+            digest=proposal.digest,
+            command_id=decision.denied_command_id if decision.outcome is Outcome.DENY else None,
+            reasons=reasons,
+            policy_ids=decision.policy_ids,
+            at=now,
+        ),
+    )

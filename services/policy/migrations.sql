@@ -1,0 +1,53 @@
+-- The policy service's own tables (idempotent). The runtime adds outbox, dedupe and
+-- workflow tables next to these.
+
+-- One row per proposal: what was proposed, what policy decided and why, and what
+-- became of it. `steps` are the canonical steps (the digest's input): the commands
+-- issued after an approval are rebuilt from them, and hashing them again must give
+-- `digest`. The request_* columns keep the HumanApprovalRequired envelope so an
+-- approval, rejection or expiry continues its causation chain, hop budget and trace.
+CREATE TABLE IF NOT EXISTS policy_proposals (
+    proposal_id         uuid        PRIMARY KEY,
+    seq                 bigserial   NOT NULL,
+    incident_id         text        NOT NULL,
+    proposed_by         text        NOT NULL,
+    proposal_event_id   uuid        NOT NULL,
+    digest              text        NOT NULL,
+    steps               jsonb       NOT NULL,
+    resources           text[]      NOT NULL,
+    summary             text        NOT NULL,
+    facts               jsonb       NOT NULL,
+    decision            text        NOT NULL CHECK (decision IN ('auto', 'human', 'deny')),
+    decision_detail     jsonb       NOT NULL,
+    reasons             text[]      NOT NULL,
+    policy_ids          text[]      NOT NULL,
+    dry_run             boolean     NOT NULL,
+    status              text        NOT NULL CHECK (status IN ('authorized', 'pending', 'denied', 'dry-run',
+                                        'approved', 'rejected', 'expired', 'superseded', 'cancelled')),
+    required_role       text        NOT NULL,
+    deadline            timestamptz,
+    proposed_at         timestamptz NOT NULL,
+    decided_at          timestamptz NOT NULL,
+    request_event_id    uuid,
+    request_source      text,
+    request_hops        integer,
+    request_traceparent text,
+    resolved_at         timestamptz,
+    resolved_by         text,
+    resolution          text,
+    superseded_by       uuid,
+    CHECK (status <> 'pending' OR (deadline IS NOT NULL AND request_event_id IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS policy_proposals_pending_deadline_idx
+    ON policy_proposals (deadline) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS policy_proposals_incident_idx ON policy_proposals (incident_id, seq);
+
+-- The current proposal per incident and resource: the newest one received. Approving
+-- locks these rows and requires they still name the proposal being approved.
+CREATE TABLE IF NOT EXISTS policy_current_proposals (
+    incident_id text        NOT NULL,
+    resource    text        NOT NULL,
+    proposal_id uuid        NOT NULL,
+    since       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (incident_id, resource)
+);

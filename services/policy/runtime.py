@@ -1,0 +1,42 @@
+"""What the policy service's handlers, routes and sweep share besides the ServiceContext."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.policy.auth import TokenStore
+from services.policy.decide import POLICY_DIR, PolicyEngine
+from services.policy.inventory import Inventory, NoInventory, SimInventory
+from services.policy.settings import PolicySettings
+
+
+@dataclass(frozen=True)
+class PolicyRuntime:
+    engine: PolicyEngine
+    inventory: Inventory
+    tokens: TokenStore
+    approval_ttl_seconds: float = 900.0
+    sweep_seconds: float = 1.0
+    dry_run: bool = False
+    required_role: str = "approver"
+    demo_users: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> PolicyRuntime:
+        engine = PolicyEngine.from_directory(settings.policy_dir or POLICY_DIR)
+        inventory: Inventory = (
+            SimInventory(settings.sim_url, settings.inventory_timeout_seconds)
+            if settings.policy_inventory == "sim"
+            else NoInventory()
+        )
+        tokens, demo = settings.token_store()
+        return cls(
+            engine=engine,
+            inventory=inventory,
+            tokens=tokens,
+            approval_ttl_seconds=settings.approval_ttl_seconds,
+            sweep_seconds=settings.approval_sweep_seconds,
+            dry_run=settings.policy_dry_run,
+            required_role=settings.approval_required_role,
+            demo_users=demo,
+        )

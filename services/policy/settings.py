@@ -1,0 +1,54 @@
+"""The policy service's settings: the runtime's ``FLOTILLA_*`` plus its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic_settings import SettingsConfigDict
+
+from flotilla.service import ServiceSettings
+from flotilla.settings import default_env_file
+from services.fleet import POLICY, SIM, url
+from services.policy.auth import DEMO_USERS, TokenStore
+
+
+class PolicySettings(ServiceSettings):
+    """``FLOTILLA_POLICY_*`` / ``FLOTILLA_APPROVAL_*`` on top of the service settings."""
+
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
+
+    service_name: str = POLICY.name
+    service_database: str = POLICY.database or "flotilla_policy"
+    http_port: int = POLICY.http_port
+
+    # Decide and report, never authorize: every decision is emitted as CommandDenied
+    # with the reason "dry-run: would <decision>".
+    policy_dry_run: bool = False
+    # Folder of *.cedar files and flotilla.cedarschema (default: infra/policies).
+    policy_dir: Path | None = None
+    # JSON {"<token>": {"user": ..., "roles": [...]}}; or a file of the same; else demo users.
+    policy_users: str | None = None
+    policy_users_file: Path | None = None
+    # Where current replica counts come from (the 2x rule): the sim's API, or nowhere
+    # (then every production scale needs a person).
+    policy_inventory: Literal["sim", "none"] = "sim"
+    sim_url: str = url(SIM)
+    inventory_timeout_seconds: float = 1.0
+
+    approval_ttl_seconds: float = 900.0
+    approval_sweep_seconds: float = 1.0
+    approval_required_role: str = "approver"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> PolicySettings:
+        path = default_env_file()
+        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
+
+    def token_store(self) -> tuple[TokenStore, bool]:
+        """The configured users, and whether they are the demo defaults."""
+        if self.policy_users:
+            return TokenStore.from_json(self.policy_users), False
+        if self.policy_users_file is not None:
+            return TokenStore.from_file(self.policy_users_file), False
+        return TokenStore(DEMO_USERS), True

@@ -1,0 +1,616 @@
+"""The policy service on the real stack: its database, the registry, Kafka, the HTTP API.
+
+The service is built with ``flotilla.runner.prepare`` on a database of its own (dropped
+at the end). It does not publish: no Debezium connector reads this database, so the
+test's commands never reach the real ``commands`` topic (where a running executor would
+carry them out); what would be published is read back from the outbox. Proposals reach
+the handlers through a ConsumerLoop on a fresh topic, or by calling the handler inside a
+transaction where a test needs a variant of the service (a short TTL, a dry run).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from fastapi.testclient import TestClient
+from psycopg.rows import dict_row
+
+from flotilla.bootstrap import drop_outbox
+from flotilla.consumer import ConsumerLoop, LoopConfig
+from flotilla.digest import command_digest
+from flotilla.envelope import Envelope
+from flotilla.handling import BusinessRuleViolation, HandlerContext, Incoming
+from flotilla.outbox import Outbox, OutboxRow
+from flotilla.runner import ServiceContext, prepare
+from flotilla.serde import AvroSerde
+from flotilla.service import ServiceSettings, create_app
+from flotilla.settings import StackSettings
+from flotilla.workflow import IncidentState, Status, WorkflowStore, transition
+from services.policy import approvals
+from services.policy.api import install_routes
+from services.policy.auth import TokenStore
+from services.policy.decide import PolicyEngine
+from services.policy.handlers import make_handlers
+from services.policy.inventory import StaticInventory
+from services.policy.records import (
+    APPROVAL_EXPIRED,
+    COMMAND_DENIED,
+    HUMAN_APPROVAL_REQUIRED,
+    INCIDENT_ESCALATED,
+    RECOVERY_APPROVED,
+    RECOVERY_PROPOSED,
+    RECOVERY_REJECTED,
+)
+from services.policy.runtime import PolicyRuntime
+from services.policy.service import build_spec
+from services.policy.testing import AGENT, proposal, step
+
+pytestmark = pytest.mark.timeout(180)
+
+DB = f"flotilla_it_policy_{uuid.uuid4().hex[:8]}"
+SCALE = "dev.flotilla.commands.ScaleService"
+USERS = {
+    "alice-token": {"user": "alice", "roles": ["approver"]},
+    "carol-token": {"user": "carol", "roles": ["approver"]},
+    "bob-token": {"user": "bob", "roles": ["viewer"]},
+    # the proposer, somehow holding the approver role: still may not approve its own plan
+    "agent-token": {"user": AGENT, "roles": ["approver"]},
+}
+REPLICAS = {"production/checkout-api": 4, "production/payments-api": 4, "dev/checkout-api": 2}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def runtime() -> PolicyRuntime:
+    return PolicyRuntime(
+        engine=PolicyEngine.from_directory(),
+        inventory=StaticInventory(REPLICAS),
+        tokens=TokenStore(USERS),
+        approval_ttl_seconds=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def svc(stack: StackSettings, serde: AvroSerde, runtime: PolicyRuntime) -> Iterator[ServiceContext]:
+    settings = ServiceSettings(**stack.model_dump())
+    spec = replace(build_spec(runtime), database=DB, publishes=False)
+    ctx = prepare(spec, settings)
+    try:
+        yield ctx
+    finally:
+        ctx.pool.close()
+        drop_outbox(stack, DB)
+
+
+@pytest.fixture(scope="module")
+def topic(stack: StackSettings) -> Iterator[str]:
+    name = f"it-policy-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    for fut in admin.create_topics([NewTopic(name, 3, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
+        fut.result(15)
+    yield name
+    admin.delete_topics([name, f"{name}.dlq"])
+
+
+@pytest.fixture(scope="module")
+def loop(stack: StackSettings, svc: ServiceContext, runtime: PolicyRuntime, topic: str) -> Iterator[ConsumerLoop]:
+    # Its own group id: never join (and rebalance) a running policy service's group.
+    config = LoopConfig(name=f"policy-it-{uuid.uuid4().hex[:8]}", topics=(topic,), source=svc.source)
+    consumer = ConsumerLoop(config, stack, svc.serde, svc.pool, make_handlers(svc, runtime))
+    yield consumer
+    consumer.stop()
+
+
+@pytest.fixture(scope="module")
+def client(svc: ServiceContext, runtime: PolicyRuntime) -> TestClient:
+    app = create_app("policy-service", lambda: True)
+    install_routes(app, svc, runtime)
+    return TestClient(app)
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def new_incident(svc: ServiceContext) -> str:
+    """An incident the workflow has diagnosed: it accepts a RecoveryProposed."""
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    with svc.pool.connection() as conn, conn.transaction():
+        WorkflowStore.save(conn, IncidentState(incident_id=incident, status=Status.DIAGNOSED, version=3, steps=3))
+    return incident
+
+
+def set_incident_status(svc: ServiceContext, incident: str, status: Status) -> None:
+    with svc.pool.connection() as conn, conn.transaction():
+        WorkflowStore.save(conn, IncidentState(incident_id=incident, status=status, version=9, steps=9))
+
+
+def envelope_for(value: dict[str, Any]) -> Envelope:
+    return Envelope(type=RECOVERY_PROPOSED, source="/flotilla/remediation-agent", correlationid=value["incidentId"])
+
+
+def produce(stack: StackSettings, serde: AvroSerde, topic: str, values: list[dict[str, Any]]) -> list[Envelope]:
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    envelopes = []
+    for value in values:
+        env = envelope_for(value)
+        payload = serde.serialize("incidents", RECOVERY_PROPOSED, {"eventId": env.id, **value})
+        producer.produce(topic, key=value["incidentId"], value=payload, headers=env.headers())
+        envelopes.append(env)
+    assert producer.flush(15) == 0
+    return envelopes
+
+
+def drain(loop: ConsumerLoop, expected: int, timeout: float = 60) -> None:
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while seen < expected:
+        assert time.monotonic() < deadline, f"consumed {seen} of {expected} records"
+        seen += loop.poll_once()
+
+
+def handle_directly(svc: ServiceContext, runtime: PolicyRuntime, value: dict[str, Any]) -> Envelope:
+    """Run the RecoveryProposed handler in a transaction as the loop would: workflow
+    state locked and advanced, emitted rows inserted (no dedupe: the caller's choice)."""
+    env = envelope_for(value)
+    incoming = Incoming("incidents", 0, 0, value["incidentId"], env, RECOVERY_PROPOSED, {"eventId": env.id, **value})
+    handler = make_handlers(svc, runtime)[RECOVERY_PROPOSED]
+    with svc.pool.connection() as conn, conn.transaction():
+        state = WorkflowStore.load_for_update(conn, value["incidentId"])
+        pending: list[OutboxRow] = []
+        handler(HandlerContext(conn, incoming, state, svc.outbox, svc.source, pending))
+        Outbox.insert(conn, pending)
+        WorkflowStore.save(conn, transition(state, RECOVERY_PROPOSED, event_id=env.id, at=datetime.now(UTC)))
+    return env
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    topic: str
+    key: str
+    type: str
+    causation: str | None
+    hops: int
+    value: dict[str, Any]
+
+
+def outbox(svc: ServiceContext, incident: str) -> list[Row]:
+    with svc.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "SELECT id::text, aggregatetype, aggregateid, type, ce_causationid, ce_hops, payload FROM outbox "
+            "WHERE ce_correlationid = %s ORDER BY created_at, type",
+            (incident,),
+        ).fetchall()
+    return [
+        Row(
+            r["id"],
+            r["aggregatetype"],
+            r["aggregateid"],
+            r["type"],
+            r["ce_causationid"],
+            int(r["ce_hops"]),
+            svc.serde.deserialize(bytes(r["payload"])).value,
+        )
+        for r in rows
+    ]
+
+
+def of_type(rows: list[Row], record_type: str) -> list[Row]:
+    return [r for r in rows if r.type == record_type]
+
+
+def status_of(svc: ServiceContext, proposal_id: str) -> tuple[str, str | None]:
+    with svc.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status, superseded_by::text FROM policy_proposals WHERE proposal_id = %s", (proposal_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def scale_proposal(
+    incident: str, replicas: int = 12, *, name: str = "checkout-api", env: str = "production"
+) -> dict[str, Any]:
+    pid = str(uuid.uuid4())
+    return proposal(incident, [step("ScaleService", incident, pid, replicas=replicas, name=name, environment=env)])
+
+
+def pending_proposal(svc: ServiceContext, runtime: PolicyRuntime, **kw: Any) -> dict[str, Any]:
+    incident = new_incident(svc)
+    value = scale_proposal(incident, **kw)
+    handle_directly(svc, runtime, value)
+    assert status_of(svc, value["proposalId"])[0] == "pending"
+    return value
+
+
+# --------------------------------------------------------------------- tests
+
+
+def test_an_auto_authorized_plan_emits_approval_and_commands(
+    stack: StackSettings, serde: AvroSerde, svc: ServiceContext, loop: ConsumerLoop, topic: str
+) -> None:
+    incident = new_incident(svc)
+    value = scale_proposal(incident, replicas=8)  # 4 -> 8: within 2x
+    [proposed] = produce(stack, serde, topic, [value])
+    drain(loop, 1)
+
+    rows = outbox(svc, incident)
+    assert [r.type for r in rows if r.topic == "incidents"] == [RECOVERY_APPROVED]
+    [approved] = of_type(rows, RECOVERY_APPROVED)
+    assert approved.value["auto"] is True
+    assert approved.value["approvedBy"] == "policy-service"
+    assert approved.value["digest"] == value["digest"]
+    assert approved.value["policyIds"] == ["remediation-agents-may-act"]
+    assert approved.causation == proposed.id and approved.hops == proposed.hops - 1
+
+    [command] = of_type(rows, SCALE)
+    assert (command.topic, command.key) == ("commands", "production/checkout-api")
+    assert command.id == value["steps"][0]["commandId"]  # ce_id is the commandId the digest covers
+    assert command_digest([command.value]) == value["digest"]  # exactly the digested command
+    assert command.causation == approved.id
+    assert status_of(svc, value["proposalId"])[0] == "authorized"
+
+
+def test_a_plan_needing_a_person_is_approved_over_http(
+    stack: StackSettings,
+    serde: AvroSerde,
+    svc: ServiceContext,
+    loop: ConsumerLoop,
+    topic: str,
+    client: TestClient,
+) -> None:
+    incident = new_incident(svc)
+    value = scale_proposal(incident, replicas=12)  # 4 -> 12: the demo
+    produce(stack, serde, topic, [value])
+    drain(loop, 1)
+
+    rows = outbox(svc, incident)
+    assert [r.type for r in rows] == [HUMAN_APPROVAL_REQUIRED]  # no command yet
+    request = rows[0]
+    assert request.value["requiredRole"] == "approver"
+    assert request.value["proposedBy"] == AGENT
+    assert request.value["policyIds"] == ["scale-beyond-2x-needs-human"]
+    assert request.value["reasons"] == ["scaling production/checkout-api from 4 to 12 replicas is more than 2x"]
+    assert request.value["summary"] == "scale checkout-api in production to 12 replicas"
+    left = (request.value["deadline"] - request.value["requestedAt"]).total_seconds()
+    assert 890 <= left <= 900
+
+    listed = client.get("/approvals?status=pending", headers=auth("bob-token"))
+    assert listed.status_code == 200
+    [shown] = [a for a in listed.json() if a["proposalId"] == value["proposalId"]]
+    assert shown["incidentId"] == incident
+    assert shown["digest"] == value["digest"]
+    assert shown["reasons"] == request.value["reasons"]
+    assert 0 < shown["secondsLeft"] <= 900
+    assert shown["commands"][0]["description"] == "scale checkout-api in production to 12 replicas"
+    assert client.get(f"/approvals/{value['proposalId']}", headers=auth("bob-token")).json()["status"] == "pending"
+
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "approved"
+
+    rows = outbox(svc, incident)
+    [approved] = of_type(rows, RECOVERY_APPROVED)
+    assert approved.value["auto"] is False
+    assert approved.value["approvedBy"] == "alice"
+    assert approved.value["policyIds"] == ["approvers-may-decide"]
+    assert approved.causation == request.id and approved.hops == request.hops - 1  # the request's chain
+    [command] = of_type(rows, SCALE)
+    assert command.key == "production/checkout-api"
+    assert command.id == value["steps"][0]["commandId"]
+    assert command_digest([command.value]) == value["digest"]
+    assert command.causation == approved.id
+    assert answer.json()["commandIds"] == [command.id]
+
+    again = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("carol-token")
+    )
+    assert again.status_code == 409
+    assert "approved" in again.json()["detail"]
+    assert len(of_type(outbox(svc, incident), SCALE)) == 1
+
+
+def test_an_approval_after_the_deadline_is_refused_and_the_proposal_expires(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    value = pending_proposal(svc, replace(runtime, approval_ttl_seconds=1))
+    time.sleep(1.2)
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409
+    assert "deadline" in answer.json()["detail"]
+    assert status_of(svc, value["proposalId"])[0] == "expired"
+    rows = outbox(svc, value["incidentId"])
+    assert len(of_type(rows, APPROVAL_EXPIRED)) == 1
+    assert len(of_type(rows, INCIDENT_ESCALATED)) == 1
+    assert not of_type(rows, RECOVERY_APPROVED)
+    assert not of_type(rows, SCALE)
+
+    # it stays expired: a second try, and the sweep, change nothing
+    again = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert again.status_code == 409
+    approvals.expire(svc)
+    assert len(of_type(outbox(svc, value["incidentId"]), APPROVAL_EXPIRED)) == 1
+
+
+def test_the_proposer_cannot_approve(svc: ServiceContext, runtime: PolicyRuntime, client: TestClient) -> None:
+    value = pending_proposal(svc, runtime)
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("agent-token")
+    )
+    assert answer.status_code == 403
+    assert "cannot approve" in answer.json()["detail"]
+    assert answer.json()["policyIds"] == ["proposer-cannot-approve"]
+    assert status_of(svc, value["proposalId"])[0] == "pending"
+    assert not of_type(outbox(svc, value["incidentId"]), RECOVERY_APPROVED)
+
+
+def test_a_wrong_digest_is_refused(svc: ServiceContext, runtime: PolicyRuntime, client: TestClient) -> None:
+    value = pending_proposal(svc, runtime)
+    other = "sha256:" + "0" * 64
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": other}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409
+    assert answer.json()["detail"].startswith("digest mismatch")
+    assert status_of(svc, value["proposalId"])[0] == "pending"
+
+
+def test_a_viewer_and_a_stranger_are_refused(svc: ServiceContext, runtime: PolicyRuntime, client: TestClient) -> None:
+    value = pending_proposal(svc, runtime)
+    path, body = f"/approvals/{value['proposalId']}/approve", {"digest": value["digest"]}
+    viewer = client.post(path, json=body, headers=auth("bob-token"))
+    assert viewer.status_code == 403
+    assert client.post(path.replace("approve", "reject"), json=body, headers=auth("bob-token")).status_code == 403
+    assert client.post(path, json=body).status_code == 401
+    assert client.post(path, json=body, headers=auth("made-up")).status_code == 401
+    assert client.get("/approvals").status_code == 401
+    assert status_of(svc, value["proposalId"])[0] == "pending"
+
+
+def test_unknown_and_malformed_requests(svc: ServiceContext, client: TestClient) -> None:
+    unknown = str(uuid.uuid4())
+    answer = client.post(f"/approvals/{unknown}/approve", json={"digest": "sha256:x"}, headers=auth("alice-token"))
+    assert answer.status_code == 404
+    assert client.get(f"/approvals/{unknown}", headers=auth("alice-token")).status_code == 404
+    assert (
+        client.post("/approvals/not-a-uuid/approve", json={"digest": "x"}, headers=auth("alice-token")).status_code
+        == 422
+    )
+    assert client.post(f"/approvals/{unknown}/approve", json={}, headers=auth("alice-token")).status_code == 422
+    assert client.get("/approvals?status=bogus", headers=auth("alice-token")).status_code == 422
+
+
+def test_only_the_current_proposal_for_a_resource_can_be_approved(
+    stack: StackSettings,
+    serde: AvroSerde,
+    svc: ServiceContext,
+    loop: ConsumerLoop,
+    topic: str,
+    client: TestClient,
+) -> None:
+    incident = new_incident(svc)
+    older, newer = scale_proposal(incident, replicas=12), scale_proposal(incident, replicas=10)
+    produce(stack, serde, topic, [older, newer])  # one key: in this order
+    drain(loop, 2)
+
+    assert status_of(svc, older["proposalId"]) == ("superseded", newer["proposalId"])
+    assert status_of(svc, newer["proposalId"]) == ("pending", None)
+    refused = client.post(
+        f"/approvals/{older['proposalId']}/approve", json={"digest": older["digest"]}, headers=auth("alice-token")
+    )
+    assert refused.status_code == 409
+    assert f"superseded by proposal {newer['proposalId']}" in refused.json()["detail"]
+
+    accepted = client.post(
+        f"/approvals/{newer['proposalId']}/approve", json={"digest": newer["digest"]}, headers=auth("alice-token")
+    )
+    assert accepted.status_code == 200, accepted.text
+    [command] = of_type(outbox(svc, incident), SCALE)
+    assert command.value["replicas"] == 10
+
+
+def test_the_current_proposal_is_rechecked_under_lock(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    """A newer proposal recorded but not yet superseding (the pointer moved): refused."""
+    value = pending_proposal(svc, runtime)
+    with svc.pool.connection() as conn:
+        conn.execute(
+            "UPDATE policy_current_proposals SET proposal_id = %s WHERE incident_id = %s",
+            (str(uuid.uuid4()), value["incidentId"]),
+        )
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409
+    assert "no longer the current proposal for production/checkout-api" in answer.json()["detail"]
+    assert not of_type(outbox(svc, value["incidentId"]), SCALE)
+
+
+def test_a_proposal_for_another_resource_does_not_supersede(svc: ServiceContext, runtime: PolicyRuntime) -> None:
+    value = pending_proposal(svc, runtime)
+    other = scale_proposal(value["incidentId"], replicas=12, name="payments-api")
+    handle_directly(svc, runtime, other)
+    assert status_of(svc, value["proposalId"])[0] == "pending"
+    assert status_of(svc, other["proposalId"])[0] == "pending"
+
+
+def test_an_incident_that_moved_on_takes_no_approval(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    value = pending_proposal(svc, runtime)
+    set_incident_status(svc, value["incidentId"], Status.RESOLVED)
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409
+    assert "RESOLVED" in answer.json()["detail"]
+
+
+def test_a_rejection_escalates(svc: ServiceContext, runtime: PolicyRuntime, client: TestClient) -> None:
+    value = pending_proposal(svc, runtime)
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/reject",
+        json={"digest": value["digest"], "reason": "payments is failing over already"},
+        headers=auth("alice-token"),
+    )
+    assert answer.status_code == 200, answer.text
+    rows = outbox(svc, value["incidentId"])
+    [request] = of_type(rows, HUMAN_APPROVAL_REQUIRED)
+    [rejected] = of_type(rows, RECOVERY_REJECTED)
+    [escalated] = of_type(rows, INCIDENT_ESCALATED)
+    assert rejected.value["rejectedBy"] == "alice"
+    assert rejected.value["reason"] == "payments is failing over already"
+    assert rejected.causation == request.id
+    assert str(escalated.value["causeEventId"]) == rejected.id
+    assert escalated.value["causeType"] == RECOVERY_REJECTED
+    assert escalated.value["escalatedTo"] == "on-call"
+    assert not of_type(rows, SCALE)
+    assert status_of(svc, value["proposalId"])[0] == "rejected"
+
+
+def test_the_expiry_sweep_emits_once_however_many_sweeps_race(svc: ServiceContext, runtime: PolicyRuntime) -> None:
+    short = replace(runtime, approval_ttl_seconds=1)
+    values = [pending_proposal(svc, short) for _ in range(3)]
+    time.sleep(1.2)
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            barrier.wait(10)
+            approvals.sweep(svc)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sweep) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    approvals.sweep(svc)  # and once more, later
+
+    for value in values:
+        rows = outbox(svc, value["incidentId"])
+        [request] = of_type(rows, HUMAN_APPROVAL_REQUIRED)
+        [expired] = of_type(rows, APPROVAL_EXPIRED)
+        [escalated] = of_type(rows, INCIDENT_ESCALATED)
+        assert expired.causation == request.id
+        assert expired.value["deadline"] == request.value["deadline"]
+        assert expired.value["requiredRole"] == "approver"
+        assert str(escalated.value["causeEventId"]) == expired.id
+        assert escalated.value["escalatedTo"] == "on-call"
+        assert status_of(svc, value["proposalId"])[0] == "expired"
+
+
+def test_a_dry_run_emits_no_commands(svc: ServiceContext, runtime: PolicyRuntime) -> None:
+    dry = replace(runtime, dry_run=True)
+    for replicas, would in ((12, "require human approval"), (8, "auto-authorize"), (40, "deny")):
+        incident = new_incident(svc)
+        value = scale_proposal(incident, replicas=replicas)
+        handle_directly(svc, dry, value)
+        rows = outbox(svc, incident)
+        assert [r.type for r in rows] == [COMMAND_DENIED]
+        assert rows[0].value["reasons"][0] == f"dry-run: would {would}"
+        assert len(rows[0].value["reasons"]) > 1
+        assert rows[0].value["policyIds"]
+        assert status_of(svc, value["proposalId"])[0] == "dry-run"
+
+
+def test_a_denied_plan(svc: ServiceContext, runtime: PolicyRuntime) -> None:
+    incident = new_incident(svc)
+    value = scale_proposal(incident, replicas=40)
+    handle_directly(svc, runtime, value)
+    [denied] = outbox(svc, incident)
+    assert denied.type == COMMAND_DENIED
+    assert denied.value["reasons"] == ["replicas 40 above the limit of 20"]
+    assert denied.value["policyIds"] == ["max-replicas"]
+    assert str(denied.value["commandId"]) == value["steps"][0]["commandId"]
+    assert status_of(svc, value["proposalId"])[0] == "denied"
+
+
+def test_dev_is_auto_authorized(svc: ServiceContext, runtime: PolicyRuntime) -> None:
+    incident = new_incident(svc)
+    value = scale_proposal(incident, replicas=12, env="dev")  # 2 -> 12 in dev
+    handle_directly(svc, runtime, value)
+    rows = outbox(svc, incident)
+    assert [r.type for r in rows] == [SCALE, RECOVERY_APPROVED] or [r.type for r in rows] == [RECOVERY_APPROVED, SCALE]
+    assert of_type(rows, SCALE)[0].key == "dev/checkout-api"
+
+
+def test_a_digest_that_does_not_cover_the_steps_is_a_business_rule_violation(
+    svc: ServiceContext, runtime: PolicyRuntime
+) -> None:
+    incident = new_incident(svc)
+    value = scale_proposal(incident)
+    value["digest"] = "sha256:" + "f" * 64
+    with pytest.raises(BusinessRuleViolation, match="does not match"):
+        handle_directly(svc, runtime, value)
+    with svc.pool.connection() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM policy_proposals WHERE proposal_id = %s", (value["proposalId"],)
+        ).fetchone() == (0,)
+    assert outbox(svc, incident) == []
+
+
+def test_a_redelivered_proposal_under_a_new_event_id_is_decided_once(
+    svc: ServiceContext, runtime: PolicyRuntime
+) -> None:
+    incident = new_incident(svc)
+    value = scale_proposal(incident, replicas=8)
+    handle_directly(svc, runtime, value)
+    handle_directly(svc, runtime, value)
+    assert len(of_type(outbox(svc, incident), SCALE)) == 1
+    changed = {**value, "steps": [{**value["steps"][0], "replicas": 6}]}
+    changed["digest"] = proposal(incident, changed["steps"])["digest"]
+    with pytest.raises(BusinessRuleViolation, match="already received with other steps"):
+        handle_directly(svc, runtime, changed)
+
+
+def test_an_escalated_incident_cancels_its_pending_approvals(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    value = pending_proposal(svc, runtime)
+    incident = value["incidentId"]
+    env = Envelope(type=INCIDENT_ESCALATED, source="/flotilla/health-agent", correlationid=incident)
+    escalation = {
+        "eventId": env.id,
+        "incidentId": incident,
+        "reason": "wall time budget exceeded",
+        "causeEventId": str(uuid.uuid4()),
+        "causeType": "dev.flotilla.incidents.BudgetExceeded",
+        "escalatedTo": "on-call",
+        "escalatedAt": value["proposedAt"],
+    }
+    incoming = Incoming("incidents", 0, 1, incident, env, INCIDENT_ESCALATED, escalation)
+    with svc.pool.connection() as conn, conn.transaction():
+        make_handlers(svc, runtime)[INCIDENT_ESCALATED](
+            HandlerContext(conn, incoming, None, svc.outbox, svc.source, [])
+        )
+    assert status_of(svc, value["proposalId"])[0] == "cancelled"
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409
