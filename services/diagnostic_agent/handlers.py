@@ -1,0 +1,354 @@
+"""The diagnostic agent: DiagnosisRequested → a diagnosis, now or after a slow job.
+
+On DiagnosisRequested the agent reads the sim (services, dependencies, latencies) plus
+the baselines it learned, asks the reasoner, and emits DependencyFailureSuspected or
+DiagnosisConcluded caused by the request. It starts a slow diagnostic job instead —
+DiagnosticJobStarted now, the job in its table, the diagnosis later from a periodic task —
+when configured to (``FLOTILLA_DIAGNOSTIC_JOB_SECONDS``), when the reasoner asks for more
+evidence, or when the sim does not answer (the job retries until its deadline). A reasoner
+that cannot decide escalates the incident (IncidentEscalated); its answer stays in the
+``reasoning_failures`` table and never reaches a topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from flotilla.envelope import Envelope
+from flotilla.handling import Handler, HandlerContext
+from flotilla.runner import ServiceContext
+from flotilla.workflow import Status
+from services.diagnostic_agent import baselines, jobs
+from services.diagnostic_agent.settings import DiagnosticSettings
+from services.reasoner import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed, SimClient, SimUnavailable
+from services.reasoner.failures import escalation_reason, record_failure
+from services.reasoner.model import Topology, Verdict
+from services.reasoner.records import (
+    DIAGNOSIS_REQUESTED,
+    DIAGNOSTIC_JOB_STARTED,
+    INCIDENT_ESCALATED,
+    INCIDENTS,
+    diagnosis_record,
+    escalation_record,
+)
+
+log = logging.getLogger(__name__)
+
+PROBE_JOB = "dependency-probe"
+
+# Emits one record on ``incidents`` for the incident at hand: (record type, value) -> envelope.
+Emit = Callable[[str, dict[str, Any]], Envelope]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a DiagnosisRequested asks about."""
+
+    incident_id: str
+    service: str
+    environment: str
+    symptom: str
+
+    @classmethod
+    def from_value(cls, value: Mapping[str, Any]) -> Request:
+        return cls(value["incidentId"], value["service"], value["environment"], value["symptom"])
+
+
+class DiagnosticAgent:
+    """The agent's behaviour; the ServiceSpec wires it to the runtime."""
+
+    def __init__(self, settings: DiagnosticSettings, reasoner: Reasoner, sim: SimClient) -> None:
+        self.settings = settings
+        self.reasoner = reasoner
+        self.sim = sim
+        self.started_by = settings.instance_id or settings.service_name
+
+    def handlers(self, ctx: ServiceContext) -> dict[str, Handler]:
+        return {DIAGNOSIS_REQUESTED: self.on_diagnosis_requested}
+
+    # ------------------------------------------------------------- consumer
+
+    def on_diagnosis_requested(self, ctx: HandlerContext) -> None:
+        request = Request.from_value(ctx.incoming.value)
+        now = datetime.now(UTC)
+        if self.settings.diagnostic_job_seconds > 0:
+            self._start_job(ctx, request, PROBE_JOB, self.settings.diagnostic_job_seconds, now)
+            return
+        try:
+            topology = self._observe(ctx.conn)
+        except SimUnavailable as exc:
+            log.warning("%s: no evidence yet (%s); retrying in a job", request.incident_id, exc)
+            self._start_job(ctx, request, PROBE_JOB, self.settings.diagnostic_job_retry_seconds, now)
+            return
+        evidence = DiagnosticEvidence(
+            request.incident_id, request.service, request.environment, request.symptom, topology
+        )
+        outcome = self._reason(evidence)
+        ctx.spend_tokens(outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total)
+
+        def emit(record_type: str, value: dict[str, Any]) -> Envelope:
+            return ctx.emit(INCIDENTS, request.incident_id, record_type, value)
+
+        if isinstance(outcome, ReasoningFailed):
+            self._escalate(
+                ctx.conn, emit, request.incident_id, outcome, ctx.incoming.envelope.id, ctx.incoming.record_type, now
+            )
+        elif outcome.verdict is Verdict.NEEDS_EVIDENCE:
+            self._start_job(
+                ctx, request, outcome.job_kind or PROBE_JOB, self.settings.diagnostic_evidence_job_seconds, now
+            )
+        else:
+            self._emit_diagnosis(ctx.conn, emit, outcome, None, now)
+
+    def _start_job(self, ctx: HandlerContext, request: Request, kind: str, seconds: float, now: datetime) -> None:
+        job_id = str(uuid.uuid4())
+        due = now + timedelta(seconds=seconds)
+        deadline = due + timedelta(seconds=self.settings.diagnostic_job_deadline_seconds)
+        started = ctx.emit(
+            INCIDENTS,
+            request.incident_id,
+            DIAGNOSTIC_JOB_STARTED,
+            {
+                "incidentId": request.incident_id,
+                "jobId": job_id,
+                "jobKind": kind,
+                "service": request.service,
+                "startedBy": self.started_by,
+                "deadline": deadline,
+                "startedAt": now,
+            },
+        )
+        jobs.insert(
+            ctx.conn,
+            job_id=job_id,
+            incident_id=request.incident_id,
+            service=request.service,
+            environment=request.environment,
+            symptom=request.symptom,
+            job_kind=kind,
+            due_at=due,
+            deadline=deadline,
+            request=ctx.incoming.envelope,
+            started=started,
+        )
+        log.info("%s: %s job %s due %s", request.incident_id, kind, job_id, due.isoformat())
+
+    # ------------------------------------------------------ periodic: jobs
+
+    def finish_due_jobs(self, ctx: ServiceContext, now: datetime | None = None) -> int:
+        """Finish every job that is due; returns how many were taken (finished or postponed)."""
+        taken = 0
+        while not ctx.stopping.is_set():
+            if self.finish_one(ctx, now) is None:
+                break
+            taken += 1
+        return taken
+
+    def finish_one(self, ctx: ServiceContext, now: datetime | None = None) -> str | None:
+        """Claim one due job and finish it in one transaction; returns what came of it
+        (the emitted record type, ``abandoned`` or ``postponed``), None when none is due."""
+        now = now or ctx.now()
+        claimed: jobs.Job | None = None
+        with ctx.pool.connection() as conn:
+            try:
+                with conn.transaction():
+                    claimed = jobs.claim_due(conn, now)
+                    if claimed is None:
+                        return None
+                    return self._finish(ctx, conn, claimed, now)
+            except Exception as exc:
+                if claimed is None:
+                    raise
+                error = f"{exc.__class__.__name__}: {exc}"
+                log.warning("diagnostic job %s could not finish: %s", claimed.job_id, error)
+                if now >= claimed.deadline:
+                    return self._give_up(ctx, conn, claimed, error, now)
+                with conn.transaction():
+                    until = now + timedelta(seconds=self.settings.diagnostic_job_retry_seconds)
+                    jobs.postpone(conn, claimed.job_id, until=until, error=error)
+                return "postponed"
+
+    def _give_up(
+        self, ctx: ServiceContext, conn: psycopg.Connection[Any], job: jobs.Job, error: str, now: datetime
+    ) -> str | None:
+        """A job still failing at its deadline: escalate instead of retrying for ever."""
+        with conn.transaction():
+            if jobs.claim(conn, job.job_id, now) is None:
+                return None  # another instance finished it meanwhile
+            failure = ReasoningFailed(
+                f"the diagnostic job kept failing until its deadline ({error[:200]})", reasoner=self.reasoner.name
+            )
+            emit = self._emitter(ctx, conn, job)
+            envelope = self._escalate(
+                conn, emit, job.incident_id, failure, job.cause_event_id, DIAGNOSTIC_JOB_STARTED, now
+            )
+            jobs.record_outcome(
+                conn, job.job_id, status="done", outcome_type=envelope.type, outcome_event_id=envelope.id
+            )
+        return envelope.type
+
+    @staticmethod
+    def _emitter(ctx: ServiceContext, conn: psycopg.Connection[Any], job: jobs.Job) -> Emit:
+        """Emit a record caused by the job's DiagnosticJobStarted, in ``conn``'s transaction."""
+        cause = job.cause(ctx.source)
+
+        def emit(record_type: str, value: dict[str, Any]) -> Envelope:
+            return ctx.emit(
+                conn,
+                topic=INCIDENTS,
+                key=job.incident_id,
+                record_type=record_type,
+                value=value,
+                correlation=job.incident_id,
+                cause=cause,
+            )
+
+        return emit
+
+    def _finish(self, ctx: ServiceContext, conn: psycopg.Connection[Any], job: jobs.Job, now: datetime) -> str:
+        row = conn.execute("SELECT status FROM incident_workflow WHERE incident_id = %s", (job.incident_id,)).fetchone()
+        if row is not None and row[0] != Status.DIAGNOSING.value:
+            log.info("diagnostic job %s abandoned: incident %s is %s", job.job_id, job.incident_id, row[0])
+            jobs.record_outcome(conn, job.job_id, status="abandoned", outcome_type=None, outcome_event_id=None)
+            return "abandoned"
+        emit = self._emitter(ctx, conn, job)
+        try:
+            topology = self._observe(conn)
+        except SimUnavailable as exc:
+            if now < job.deadline:
+                raise
+            failure = ReasoningFailed(f"no evidence before the job's deadline ({exc})", reasoner=self.reasoner.name)
+            envelope = self._escalate(
+                conn, emit, job.incident_id, failure, job.cause_event_id, DIAGNOSTIC_JOB_STARTED, now
+            )
+        else:
+            evidence = DiagnosticEvidence(
+                job.incident_id,
+                job.service,
+                job.environment,
+                job.symptom,
+                topology,
+                job_id=job.job_id,
+                job_kind=job.job_kind,
+                may_request_more=False,
+            )
+            outcome = self._reason(evidence)
+            if not isinstance(outcome, ReasoningFailed) and outcome.verdict is Verdict.NEEDS_EVIDENCE:
+                outcome = ReasoningFailed(
+                    "it asked for more evidence after the job had run",
+                    reasoner=self.reasoner.name,
+                    usage=outcome.reasoning.usage,
+                )
+            _charge_tokens(
+                conn,
+                job.incident_id,
+                outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total,
+            )
+            if isinstance(outcome, ReasoningFailed):
+                envelope = self._escalate(
+                    conn, emit, job.incident_id, outcome, job.cause_event_id, DIAGNOSTIC_JOB_STARTED, now
+                )
+            else:
+                envelope = self._emit_diagnosis(conn, emit, outcome, job.job_id, now)
+        jobs.record_outcome(conn, job.job_id, status="done", outcome_type=envelope.type, outcome_event_id=envelope.id)
+        log.info("diagnostic job %s finished: %s", job.job_id, envelope.type)
+        return envelope.type
+
+    # ------------------------------------------------- periodic: baselines
+
+    def learn_baselines(self, ctx: ServiceContext) -> int:
+        """Sample the sim into the baselines; a sim that does not answer is skipped."""
+        try:
+            topology = self.sim.snapshot()
+        except SimUnavailable as exc:
+            log.debug("no baseline sample: %s", exc)
+            return 0
+        with ctx.pool.connection() as conn, conn.transaction():
+            return baselines.learn(
+                conn,
+                topology,
+                weight=self.settings.baseline_weight,
+                suspect_ratio=self.settings.rules_suspect_ratio,
+            )
+
+    # --------------------------------------------------------------- pieces
+
+    def _observe(self, conn: psycopg.Connection[Any]) -> Topology:
+        return baselines.with_baselines(conn, self.sim.snapshot())
+
+    def _reason(self, evidence: DiagnosticEvidence) -> Diagnosis | ReasoningFailed:
+        try:
+            return self.reasoner.diagnose(evidence)
+        except ReasoningFailed as failure:
+            log.warning("%s: %s reasoner failed: %s", evidence.incident_id, failure.reasoner, failure.reason)
+            return failure
+
+    def _emit_diagnosis(
+        self, conn: psycopg.Connection[Any], emit: Emit, diagnosis: Diagnosis, job_id: str | None, now: datetime
+    ) -> Envelope:
+        record_type, value = diagnosis_record(diagnosis, job_id=job_id, now=now)
+        envelope = emit(record_type, value)
+        usage = diagnosis.reasoning.usage
+        conn.execute(
+            """
+            INSERT INTO diagnoses (event_id, incident_id, record_type, service, suspected_dependency, cause_category,
+                job_id, reasoner, model, confidence, prompt_tokens, completion_tokens)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (
+                envelope.id,
+                diagnosis.incident_id,
+                record_type,
+                diagnosis.service,
+                diagnosis.suspected_dependency,
+                diagnosis.cause_category,
+                job_id,
+                diagnosis.reasoning.reasoner,
+                diagnosis.reasoning.model,
+                diagnosis.reasoning.confidence,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+            ),
+        )
+        return envelope
+
+    @staticmethod
+    def _escalate(
+        conn: psycopg.Connection[Any],
+        emit: Emit,
+        incident_id: str,
+        failure: ReasoningFailed,
+        cause_event_id: str,
+        cause_type: str,
+        now: datetime,
+    ) -> Envelope:
+        value = escalation_record(
+            incident_id,
+            reason=escalation_reason(failure, "diagnose the incident"),
+            cause_event_id=cause_event_id,
+            cause_type=cause_type,
+            now=now,
+        )
+        envelope = emit(INCIDENT_ESCALATED, value)
+        record_failure(conn, incident_id=incident_id, escalation_event_id=envelope.id, failure=failure)
+        return envelope
+
+
+def _charge_tokens(conn: psycopg.Connection[Any], incident_id: str, tokens: int) -> None:
+    """Tokens spent outside a handler (a job) still count against the incident's budget.
+
+    The runtime only offers ``HandlerContext.spend_tokens``; this adds to the same
+    column of the workflow row, in the job's transaction.
+    """
+    if tokens > 0:
+        conn.execute(
+            "UPDATE incident_workflow SET tokens_used = tokens_used + %s WHERE incident_id = %s",
+            (tokens, incident_id),
+        )

@@ -1,0 +1,47 @@
+"""The diagnostic agent as a fleet member: its ServiceSpec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flotilla.runner import Periodic, ServiceContext, ServiceSpec
+from services import fleet
+from services.diagnostic_agent.handlers import DiagnosticAgent
+from services.diagnostic_agent.settings import DiagnosticSettings
+from services.reasoner import Reasoner, SimClient, make_reasoner
+
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
+
+
+def build_spec(
+    settings: DiagnosticSettings | None = None,
+    *,
+    reasoner: Reasoner | None = None,
+    sim: SimClient | None = None,
+) -> tuple[ServiceSpec, DiagnosticAgent]:
+    """The spec and the agent behind it (tests inject a reasoner or a sim client)."""
+    settings = settings or DiagnosticSettings.load()
+    agent = DiagnosticAgent(
+        settings,
+        reasoner or make_reasoner(settings),
+        sim or SimClient(settings.sim_url, timeout=settings.sim_timeout_seconds),
+    )
+
+    def finish_due_jobs(ctx: ServiceContext) -> None:
+        agent.finish_due_jobs(ctx)
+
+    def learn_baselines(ctx: ServiceContext) -> None:
+        agent.learn_baselines(ctx)
+
+    periodic: list[Periodic] = [(settings.diagnostic_job_poll_seconds, finish_due_jobs)]
+    if settings.baseline_seconds > 0:
+        periodic.append((settings.baseline_seconds, learn_baselines))
+    spec = ServiceSpec(
+        name=fleet.DIAGNOSTIC.name,
+        database=settings.service_database,
+        topics=("incidents",),
+        handlers=agent.handlers,
+        migrations=MIGRATIONS,
+        periodic=tuple(periodic),
+    )
+    return spec, agent

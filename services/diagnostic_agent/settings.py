@@ -1,0 +1,29 @@
+"""The diagnostic agent's settings (``FLOTILLA_*``; see also AgentSettings)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services import fleet
+from services.reasoner.settings import AgentSettings
+
+
+class DiagnosticSettings(AgentSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
+
+    service_name: str = fleet.DIAGNOSTIC.name
+    service_database: str = fleet.DIAGNOSTIC.database or "flotilla_diagnostic"
+    http_port: int = fleet.DIAGNOSTIC.http_port
+
+    # > 0: every diagnosis runs as a slow job that finishes this many seconds later.
+    diagnostic_job_seconds: float = Field(0.0, ge=0)
+    # How long after its due time a job may still wait for evidence before escalating.
+    # The job run when the reasoner asks for more evidence (when no FLOTILLA_DIAGNOSTIC_JOB_SECONDS).
+    diagnostic_evidence_job_seconds: float = Field(10.0, gt=0)
+    diagnostic_job_deadline_seconds: float = Field(300.0, gt=0)
+    diagnostic_job_poll_seconds: float = Field(1.0, gt=0)  # how often due jobs are looked for
+    diagnostic_job_retry_seconds: float = Field(5.0, gt=0)  # a job that could not finish tries again after
+    # How often healthy latencies are sampled into baselines ("normal"); 0 turns it off.
+    baseline_seconds: float = Field(5.0, ge=0)
+    baseline_weight: float = Field(0.2, gt=0, le=1)  # EWMA weight of a new sample

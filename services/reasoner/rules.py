@@ -1,0 +1,399 @@
+"""The deterministic reasoner: offline, reproducible, the default.
+
+**Diagnosis.** A dependency is suspect when the p95 the degraded service sees from it is
+far above its normal — the baseline the agent learned while the caller was healthy, or,
+without one, the dependency's own latency threshold — the more so the further above:
+confidence is ``1 - 1/slowdown`` (8x normal → 0.875), shared when several dependencies
+are slow, and lower when the service's worker pool is not waiting. Without any baseline
+a dependency that takes most of the service's dependency time while the pool waits is
+still suspected, with a confidence of at most 0.5. When no dependency explains the
+latency, the reasoner asks for a slow diagnostic job once, then concludes: a service now
+running another revision than the one it last ran healthily is a bad deployment,
+otherwise it is short of capacity.
+
+**Remediation** uses the latency model of a worker pool (Little's law): slots in use =
+load × service time, and a service whose demand exceeds its slots (utilization above 1)
+makes requests queue. ``ceil(replicas × utilization / target utilization)`` replicas
+bring utilization back to the target (0.75 leaves a quarter of headroom). In the demo
+checkout-api runs 4 replicas at utilization 2.125 while payments-api is slow:
+``ceil(4 × 2.125 / 0.75) = 12``. Where the source does not report utilization, the p95
+over the threshold stands in for it (cruder, and said so in the evidence).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.reasoner.base import ReasoningFailed
+from services.reasoner.model import (
+    Action,
+    Diagnosis,
+    DiagnosticEvidence,
+    EvidenceItem,
+    PlannedStep,
+    Proposal,
+    Reasoning,
+    ServiceView,
+    Topology,
+    Verdict,
+)
+from services.reasoner.settings import AgentSettings, Strategy
+
+NAME = "rules"
+FAILURE_MODE = "slow-responses"
+PROFILE_JOB = "cpu-profile"
+DOMINANT_SHARE = 0.75  # share of the dependency time that makes one dependency "the" suspect
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    suspect_ratio: float = 2.0
+    dependency_normal_ms: float = 100.0
+    target_utilization: float = 0.75
+    strategy: Strategy = "scale"
+    max_replicas: int = 20
+
+    @classmethod
+    def from_settings(cls, settings: AgentSettings) -> RulesConfig:
+        return cls(
+            suspect_ratio=settings.rules_suspect_ratio,
+            dependency_normal_ms=settings.rules_dependency_normal_ms,
+            target_utilization=settings.rules_target_utilization,
+            strategy=settings.remediation_strategy,
+            max_replicas=settings.max_replicas,
+        )
+
+
+@dataclass(frozen=True)
+class DependencyReading:
+    """How slow one dependency looks from one caller, against its normal."""
+
+    service: str
+    dependency: str
+    observed_ms: float
+    normal_ms: float
+    learned: bool  # normal is a learned baseline (else a threshold or a default)
+
+    @property
+    def slowdown(self) -> float:
+        return self.observed_ms / self.normal_ms
+
+    def evidence(self, source: str) -> EvidenceItem:
+        basis = "learned baseline" if self.learned else "no baseline learned: its latency threshold or a default"
+        return EvidenceItem(
+            kind="dependency-health",
+            source=f"{source}: p95 of {self.service} -> {self.dependency}",
+            description=(
+                f"{self.service} waits {self.observed_ms:.0f} ms (p95) on {self.dependency}, "
+                f"{self.slowdown:.1f}x its normal {self.normal_ms:.0f} ms ({basis})"
+            ),
+            observed_value=f"{self.observed_ms:.0f} ms",
+        )
+
+
+def readings(topology: Topology, service: ServiceView, default_normal_ms: float) -> list[DependencyReading]:
+    """Every dependency of ``service`` with a latency, slowest (relative to normal) first."""
+    found = []
+    for dependency in service.dependencies:
+        observed = topology.observed_dependency_p95(service.name, dependency)
+        if observed is None:
+            continue
+        baseline = topology.baselines.get((service.name, dependency))
+        known = topology.services.get(dependency)
+        if baseline is not None and baseline > 0:
+            normal, learned = baseline, True
+        elif known is not None and known.threshold_ms > 0:
+            normal, learned = known.threshold_ms, False
+        else:
+            normal, learned = default_normal_ms, False
+        found.append(DependencyReading(service.name, dependency, observed, normal, learned))
+    return sorted(found, key=lambda r: (-r.slowdown, r.dependency))
+
+
+def replicas_for(current: int, utilization: float, target_utilization: float) -> int:
+    """Replicas that bring a pool at ``utilization`` (with ``current`` replicas) down to
+    ``target_utilization``; rounded to 1e-6 first so that exact products stay exact."""
+    return max(1, math.ceil(round(current * utilization / target_utilization, 6)))
+
+
+def _service_evidence(topology: Topology, service: ServiceView) -> list[EvidenceItem]:
+    found = [
+        EvidenceItem(
+            kind="metric",
+            source=f"{topology.source}: p95 of {service.name}",
+            description=(
+                f"{service.name} p95 is {service.p95_ms:.0f} ms against its {service.threshold_ms:.0f} ms "
+                f"threshold ({service.p95_ms / service.threshold_ms:.1f}x) with {service.replicas} replicas"
+            ),
+            observed_value=f"{service.p95_ms:.0f} ms",
+        )
+    ]
+    utilization = topology.utilization.get(service.name)
+    if utilization is not None:
+        found.append(
+            EvidenceItem(
+                kind="metric",
+                source=f"{topology.source}: pool utilization of {service.name}",
+                description=(
+                    f"worker-slot demand is {utilization:.2f}x the slots of {service.name}"
+                    + ("; requests queue for the pool" if utilization > 1 else "")
+                ),
+                observed_value=f"{utilization:.3f}",
+            )
+        )
+    return found
+
+
+def _clamp(confidence: float) -> float:
+    return round(min(max(confidence, 0.0), 0.99), 3)
+
+
+class RulesReasoner:
+    """Deterministic rules over one topology snapshot: same input, same decision."""
+
+    name = NAME
+
+    def __init__(self, config: RulesConfig | None = None) -> None:
+        self.config = config or RulesConfig()
+
+    # ------------------------------------------------------------ diagnosis
+
+    def diagnose(self, evidence: DiagnosticEvidence) -> Diagnosis:
+        topology = evidence.topology
+        service = topology.services.get(evidence.service)
+        if service is None:
+            raise ReasoningFailed(f"{evidence.service} is not in the topology the sim reports", reasoner=NAME)
+        seen = _service_evidence(topology, service)
+        if evidence.job_id is not None:
+            seen.append(
+                EvidenceItem(
+                    kind="diagnostic-job",
+                    source=f"diagnostic job {evidence.job_id}",
+                    description=f"{evidence.job_kind or 'diagnostic'} job finished; the topology was read again",
+                )
+            )
+        found = readings(topology, service, self.config.dependency_normal_ms)
+        utilization = topology.utilization.get(service.name)
+        pool_waits = utilization > 1.0 if utilization is not None else service.degraded
+        if service.degraded:
+            slow = [r for r in found if r.slowdown >= self.config.suspect_ratio]
+            if slow:
+                return self._suspect(evidence, service, slow[0], slow, found, pool_waits, seen)
+            dominant = self._dominant(found) if pool_waits else None
+            if dominant is not None:
+                return self._suspect(evidence, service, dominant, [], found, pool_waits, seen)
+        seen += [r.evidence(topology.source) for r in found]
+        if service.degraded and evidence.may_request_more:
+            summary = (
+                f"No dependency of {service.name} is slower than {self.config.suspect_ratio:.1f}x its normal; "
+                f"profiling {service.name} before concluding."
+            )
+            return self._diagnosis(evidence, Verdict.NEEDS_EVIDENCE, summary, seen, 0.0, job_kind=PROFILE_JOB)
+        return self._conclude(evidence, service, seen)
+
+    @staticmethod
+    def _dominant(found: list[DependencyReading]) -> DependencyReading | None:
+        """Without a learned normal: the dependency that takes most of the dependency time."""
+        total = sum(r.observed_ms for r in found)
+        if not found or total <= 0:
+            return None
+        top = max(found, key=lambda r: (r.observed_ms, r.dependency))
+        if top.learned or top.observed_ms / total < DOMINANT_SHARE:
+            return None
+        return top
+
+    def _suspect(
+        self,
+        evidence: DiagnosticEvidence,
+        service: ServiceView,
+        top: DependencyReading,
+        slow: list[DependencyReading],
+        found: list[DependencyReading],
+        pool_waits: bool,
+        seen: list[EvidenceItem],
+    ) -> Diagnosis:
+        source = evidence.topology.source
+        if slow:
+            confidence = 1.0 - 1.0 / top.slowdown
+            if len(slow) > 1:  # several suspects share the blame in proportion
+                confidence *= top.slowdown / sum(r.slowdown for r in slow)
+            why = f"{top.slowdown:.1f}x its normal {top.normal_ms:.0f} ms"
+        else:
+            share = top.observed_ms / sum(r.observed_ms for r in found)
+            confidence = 0.5 * share
+            why = f"{share:.0%} of {service.name}'s dependency time, with no learned normal to compare against"
+        if not pool_waits:
+            confidence *= 0.8  # the dependency is slow, but nothing queues behind it
+        seen.append(top.evidence(source))
+        seen += [r.evidence(source) for r in found if r is not top]
+        summary = (
+            f"{top.dependency} answers {service.name} in {top.observed_ms:.0f} ms, {why}; {service.name}'s p95 of "
+            f"{service.p95_ms:.0f} ms is {service.p95_ms / service.threshold_ms:.1f}x its threshold"
+            + (" because its worker pool waits on the slow calls." if pool_waits else ".")
+        )
+        return self._diagnosis(
+            evidence,
+            Verdict.DEPENDENCY_FAILURE,
+            summary,
+            seen,
+            confidence,
+            suspected_dependency=top.dependency,
+            failure_mode=FAILURE_MODE,
+        )
+
+    def _conclude(self, evidence: DiagnosticEvidence, service: ServiceView, seen: list[EvidenceItem]) -> Diagnosis:
+        healthy = evidence.topology.healthy_revisions.get(service.name)
+        if not service.degraded:
+            category, confidence = "unknown", 0.3
+            summary = f"{service.name} is back under its threshold ({service.p95_ms:.0f} ms); the cause is unknown."
+        elif healthy is not None and healthy != service.revision:
+            category, confidence = "bad-deployment", 0.7
+            summary = (
+                f"No dependency explains {service.name}'s {service.p95_ms:.0f} ms p95, and it now runs revision "
+                f"{service.revision} where it last ran healthy on {healthy}: the deployment is suspect."
+            )
+            seen.append(
+                EvidenceItem(
+                    kind="deployment",
+                    source=f"{evidence.topology.source}: revision of {service.name}",
+                    description=f"{service.name} runs {service.revision}; it last ran healthy on {healthy}",
+                    observed_value=service.revision,
+                )
+            )
+        else:
+            ratio = service.p95_ms / service.threshold_ms
+            category, confidence = "capacity", 0.8 * (1.0 - 1.0 / ratio)
+            summary = (
+                f"No dependency explains {service.name}'s {service.p95_ms:.0f} ms p95 ({ratio:.1f}x its threshold) "
+                f"and its revision is unchanged: its {service.replicas} replicas are short of capacity."
+            )
+        return self._diagnosis(evidence, Verdict.CONCLUDED, summary, seen, confidence, cause_category=category)
+
+    @staticmethod
+    def _diagnosis(
+        evidence: DiagnosticEvidence,
+        verdict: Verdict,
+        summary: str,
+        seen: list[EvidenceItem],
+        confidence: float,
+        *,
+        suspected_dependency: str | None = None,
+        failure_mode: str | None = None,
+        cause_category: str | None = None,
+        job_kind: str | None = None,
+    ) -> Diagnosis:
+        return Diagnosis(
+            verdict=verdict,
+            incident_id=evidence.incident_id,
+            service=evidence.service,
+            reasoning=Reasoning(summary, tuple(seen), _clamp(confidence), NAME),
+            suspected_dependency=suspected_dependency,
+            failure_mode=failure_mode,
+            cause_category=cause_category,
+            job_kind=job_kind,
+        )
+
+    # -------------------------------------------------------------- proposal
+
+    def propose(self, diagnosis: Diagnosis, topology: Topology) -> Proposal:
+        if diagnosis.event_id is None:
+            raise ValueError("a proposal answers a diagnosis record: its event id is needed")
+        if diagnosis.verdict is Verdict.NEEDS_EVIDENCE:
+            raise ValueError("a request for more evidence is not a diagnosis to plan for")
+        service = topology.services.get(diagnosis.service)
+        if service is None:
+            raise ReasoningFailed(f"{diagnosis.service} is not in the topology the sim reports", reasoner=NAME)
+        seen = _service_evidence(topology, service)
+        factor = 1.0
+        if diagnosis.verdict is Verdict.DEPENDENCY_FAILURE and diagnosis.suspected_dependency:
+            steps, factor, summary = self._dependency_plan(service, diagnosis.suspected_dependency, topology, seen)
+        elif diagnosis.cause_category == "capacity":
+            step, factor, summary = self._scale(service, topology, seen)
+            steps = [step]
+        elif diagnosis.cause_category == "bad-deployment":
+            revision = topology.healthy_revisions.get(service.name) or service.previous_revision
+            if not revision or revision == service.revision:
+                raise ReasoningFailed(f"{service.name} has no other revision to roll back to", reasoner=NAME)
+            steps = [self._step(Action.ROLLBACK, service, toRevision=revision)]
+            summary = f"Roll {service.name} back from {service.revision} to {revision}."
+        elif service.degraded:
+            steps = [self._step(Action.RESTART, service, rolling=True)]
+            summary = f"The cause is {diagnosis.cause_category or 'unknown'}: restart {service.name} one at a time."
+            factor = 0.5
+        else:
+            raise ReasoningFailed(
+                f"{service.name} is within its threshold and the cause is {diagnosis.cause_category}: "
+                "no automatic plan, a person decides",
+                reasoner=NAME,
+            )
+        reasoning = Reasoning(
+            f"{summary} Diagnosis: {diagnosis.reasoning.summary}",
+            (*seen, *diagnosis.reasoning.evidence),
+            _clamp(diagnosis.reasoning.confidence * factor),
+            NAME,
+        )
+        return Proposal(diagnosis.incident_id, diagnosis.event_id, tuple(steps), reasoning)
+
+    def _dependency_plan(
+        self, service: ServiceView, dependency: str, topology: Topology, seen: list[EvidenceItem]
+    ) -> tuple[list[PlannedStep], float, str]:
+        target = service.failover_targets.get(dependency)
+        failover = (
+            self._step(Action.FAILOVER, service, dependency=dependency, toTarget=target)
+            if target is not None and service.active_dependencies.get(dependency, dependency) != target
+            else None
+        )
+        steps: list[PlannedStep] = []
+        parts: list[str] = []
+        if failover is not None and self.config.strategy in ("failover", "failover-then-scale"):
+            steps.append(failover)
+            parts.append(f"Fail {service.name}'s {dependency} over to {target}.")
+        if self.config.strategy == "failover" and steps:
+            return steps, 1.0, " ".join(parts)
+        try:
+            scale, factor, text = self._scale(service, topology, seen)
+        except ReasoningFailed:
+            if steps:  # the failover alone still helps
+                return steps, 0.8, " ".join(parts)
+            if failover is not None:
+                return [failover], 0.8, f"{service.name} cannot scale further: fail {dependency} over to {target}."
+            raise
+        return [*steps, scale], factor, " ".join([*parts, text])
+
+    def _scale(
+        self, service: ServiceView, topology: Topology, seen: list[EvidenceItem]
+    ) -> tuple[PlannedStep, float, str]:
+        if service.replicas >= self.config.max_replicas:
+            raise ReasoningFailed(
+                f"{service.name} already runs {service.replicas} replicas, the most this agent proposes "
+                f"({self.config.max_replicas}), and nothing else is possible",
+                reasoner=NAME,
+            )
+        target = self.config.target_utilization
+        utilization = topology.utilization.get(service.name)
+        if utilization is not None:
+            wanted = replicas_for(service.replicas, utilization, target)
+            model = f"{service.replicas} replicas x utilization {utilization:.3f} / target {target:.2f} = {wanted}"
+        else:  # no pool metric: latency over threshold stands in for the overload
+            overload = service.p95_ms / service.threshold_ms
+            wanted = replicas_for(service.replicas, overload, 1.0)
+            model = (
+                f"no pool utilization reported; {service.replicas} replicas x p95/threshold {overload:.2f} = {wanted}"
+            )
+        wanted = max(wanted, service.replicas + 1)
+        replicas = min(wanted, self.config.max_replicas)
+        seen.append(
+            EvidenceItem(
+                kind="latency-model",
+                source="worker pool: slots in use = load x service time (Little's law)",
+                description=model + (f", capped at {replicas}" if replicas < wanted else ""),
+                observed_value=f"{replicas} replicas",
+            )
+        )
+        text = f"Scale {service.name} from {service.replicas} to {replicas} replicas to restore its pool capacity."
+        return self._step(Action.SCALE, service, replicas=replicas), (0.7 if replicas < wanted else 1.0), text
+
+    @staticmethod
+    def _step(action: Action, service: ServiceView, **params: object) -> PlannedStep:
+        return PlannedStep(action, service.name, service.environment, dict(params))

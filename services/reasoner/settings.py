@@ -1,0 +1,52 @@
+"""Settings every agent that reasons shares: which reasoner, the model server, the sim.
+
+All come from ``FLOTILLA_*`` variables (or the stack env file), like the stack's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from flotilla.service import ServiceSettings
+from flotilla.settings import default_env_file
+
+Strategy = Literal["scale", "failover", "failover-then-scale"]
+
+
+class AgentSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
+
+    # Who this instance is in records that name their author (startedBy); the service
+    # name when unset.
+    instance_id: str | None = None
+
+    # Where the evidence comes from (the sim in the demo and the tests).
+    sim_url: str = "http://127.0.0.1:18110"
+    sim_timeout_seconds: float = 5.0
+
+    # FLOTILLA_REASONER: rules (deterministic, offline; the default) or llm.
+    reasoner: Literal["rules", "llm"] = "rules"
+
+    # The LLM reasoner: any OpenAI-compatible chat-completions server.
+    # No defaults: choosing the llm reasoner means naming the server and the model.
+    llm_base_url: str | None = None  # e.g. http://127.0.0.1:11434/v1, https://api.openai.com/v1
+    llm_model: str | None = None
+    llm_api_key: SecretStr = SecretStr("not-needed")
+    llm_timeout_seconds: float = 60.0
+    llm_max_retries: int = 2  # transport retries inside the client (not answer retries)
+    llm_temperature: float = 0.0
+
+    # The rules reasoner's thresholds and its remediation strategy.
+    rules_suspect_ratio: float = Field(2.0, gt=1.0)  # dependency p95 / its normal to suspect it
+    rules_dependency_normal_ms: float = Field(100.0, gt=0)  # normal p95 of a dependency the sim does not list
+    rules_target_utilization: float = Field(0.75, gt=0, le=1)  # worker-pool utilization a scale-out aims for
+    remediation_strategy: Strategy = "scale"
+    max_replicas: int = Field(20, ge=1)  # never propose more (policy denies more than 20)
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Self:
+        path = default_env_file()
+        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

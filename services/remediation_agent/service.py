@@ -1,0 +1,36 @@
+"""The remediation agent as a fleet member: its ServiceSpec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flotilla.runner import ServiceSpec
+from services import fleet
+from services.reasoner import Reasoner, SimClient, make_reasoner
+from services.remediation_agent.handlers import RemediationAgent
+from services.remediation_agent.settings import RemediationSettings
+
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
+
+
+def build_spec(
+    settings: RemediationSettings | None = None,
+    *,
+    reasoner: Reasoner | None = None,
+    sim: SimClient | None = None,
+) -> tuple[ServiceSpec, RemediationAgent]:
+    """The spec and the agent behind it (tests inject a reasoner or a sim client)."""
+    settings = settings or RemediationSettings.load()
+    agent = RemediationAgent(
+        settings,
+        reasoner or make_reasoner(settings),
+        sim or SimClient(settings.sim_url, timeout=settings.sim_timeout_seconds),
+    )
+    spec = ServiceSpec(
+        name=fleet.REMEDIATION.name,
+        database=settings.service_database,
+        topics=("incidents",),
+        handlers=agent.handlers,
+        migrations=MIGRATIONS,
+    )
+    return spec, agent

@@ -1,0 +1,1 @@
+"""Local stand-ins for the outside world, served over real HTTP on loopback."""

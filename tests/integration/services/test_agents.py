@@ -1,0 +1,611 @@
+"""The diagnostic and remediation agents on the real stack, against a fake sim and a fake
+model server: each agent's handlers run through ``flotilla.runner.prepare`` +
+``build_loop`` on a fresh topic, and the outbox shows what they decided."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from flotilla import deadletter
+from flotilla.bootstrap import drop_outbox
+from flotilla.consumer import ConsumerLoop
+from flotilla.envelope import Envelope
+from flotilla.runner import ServiceContext, build_loop, prepare
+from flotilla.serde import AvroSerde
+from flotilla.settings import StackSettings
+from flotilla.testing.samples import latency_fact
+from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings
+from services.diagnostic_agent import build_spec as diagnostic_spec
+from services.reasoner import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
+from services.reasoner.records import (
+    DEPENDENCY_FAILURE_SUSPECTED,
+    DIAGNOSIS_REQUESTED,
+    DIAGNOSTIC_JOB_STARTED,
+    INCIDENT_ESCALATED,
+    RECOVERY_PROPOSED,
+    diagnosis_record,
+)
+from services.reasoner.sim import parse_metrics, parse_services
+from services.remediation_agent import RemediationSettings
+from services.remediation_agent import build_spec as remediation_spec
+from services.remediation_agent.plan import digest_matches
+from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, ThreadedServer, diagnosis_answer, hallucinated
+from tests.integration.kafka_wait import header, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+SUFFIX = uuid.uuid4().hex[:8]
+DIAGNOSTIC_DB = f"flotilla_it_diag_{SUFFIX}"
+REMEDIATION_DB = f"flotilla_it_rem_{SUFFIX}"
+
+
+# ------------------------------------------------------------------ fake sim
+
+
+class FakeSim:
+    """The sim's read API (GET /services, GET /metrics) with the demo's numbers.
+
+    ``faulty``: payments-api answers 8x slower (280 ms instead of 35 ms) and checkout-api's
+    pool waits (utilization 2.125, p95 1,831 ms against 500 ms), as the real sim's model
+    computes it. ``available`` False answers 503; ``delay`` slows every answer.
+    """
+
+    def __init__(self) -> None:
+        self.faulty = False
+        self.available = True
+        self.delay = 0.0
+
+    def services(self) -> list[dict[str, Any]]:
+        payments = 280.0 if self.faulty else 35.0
+        return [
+            {
+                "name": "checkout-api",
+                "environment": "production",
+                "replicas": 4,
+                "revision": "v41",
+                "previousRevision": "v40",
+                "dependencies": ["payments-api", "inventory-db"],
+                "failoverTargets": {"payments-api": "payments-api-secondary"},
+                "activeDependencies": {"payments-api": "payments-api", "inventory-db": "inventory-db"},
+                "p95Ms": 1831.0 if self.faulty else 180.0,
+                "thresholdMs": 500.0,
+                "faults": [],
+            },
+            {"name": "payments-api", "environment": "production", "replicas": 3, "revision": "v17",
+             "previousRevision": "v16", "dependencies": [], "failoverTargets": {}, "activeDependencies": {},
+             "p95Ms": payments, "thresholdMs": 400.0, "faults": []},
+            {"name": "payments-api-secondary", "environment": "production", "replicas": 2, "revision": "v17",
+             "previousRevision": "v16", "dependencies": [], "failoverTargets": {}, "activeDependencies": {},
+             "p95Ms": 45.0, "thresholdMs": 400.0, "faults": []},
+            {"name": "inventory-db", "environment": "production", "replicas": 2, "revision": "v8",
+             "previousRevision": "v7", "dependencies": [], "failoverTargets": {}, "activeDependencies": {},
+             "p95Ms": 25.0, "thresholdMs": 150.0, "faults": []},
+        ]  # fmt: skip
+
+    def metrics(self) -> str:
+        payments = 280.0 if self.faulty else 35.0
+        utilization = 2.125 if self.faulty else 0.9
+        return (
+            "# TYPE sim_dependency_latency_p95_ms gauge\n"
+            f'sim_dependency_latency_p95_ms{{service="checkout-api",dependency="payments-api"}} {payments}\n'
+            'sim_dependency_latency_p95_ms{service="checkout-api",dependency="inventory-db"} 25.0\n'
+            "# TYPE sim_pool_utilization_ratio gauge\n"
+            f'sim_pool_utilization_ratio{{service="checkout-api"}} {utilization}\n'
+        )
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        def answer(body: Any) -> Any:
+            time.sleep(self.delay)
+            if not self.available:
+                return JSONResponse({"error": "sim is down"}, status_code=503)
+            return body
+
+        @app.get("/services", response_model=None)
+        def services() -> Any:
+            return answer(self.services())
+
+        @app.get("/metrics", response_model=None)
+        def metrics() -> Any:
+            return answer(PlainTextResponse(self.metrics()))
+
+        return app
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[tuple[FakeSim, str]]:
+    fake = FakeSim()
+    with ThreadedServer(fake.app()) as server:
+        yield fake, server.url
+
+
+@pytest.fixture()
+def fake_sim(sim: tuple[FakeSim, str]) -> FakeSim:
+    fake = sim[0]
+    fake.faulty, fake.available, fake.delay = True, True, 0.0
+    return fake
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+# ------------------------------------------------------------ the services
+
+
+@pytest.fixture(scope="module")
+def diagnostic_settings(stack: StackSettings, sim: tuple[FakeSim, str]) -> DiagnosticSettings:
+    return DiagnosticSettings(
+        **stack.model_dump(),
+        service_database=DIAGNOSTIC_DB,
+        sim_url=sim[1],
+        http_port=0,
+        baseline_seconds=0,
+        diagnostic_job_retry_seconds=0.5,
+    )
+
+
+@pytest.fixture(scope="module")
+def diagnostic(
+    stack: StackSettings, serde: AvroSerde, diagnostic_settings: DiagnosticSettings, sim: tuple[FakeSim, str]
+) -> Iterator[tuple[ServiceContext, DiagnosticAgent]]:
+    """The diagnostic agent prepared on its own database, with baselines learned while healthy."""
+    spec, agent = diagnostic_spec(diagnostic_settings)
+    ctx = prepare(spec, diagnostic_settings)
+    sim[0].faulty = False
+    assert agent.learn_baselines(ctx) == 2  # checkout-api -> payments-api, inventory-db
+    try:
+        yield ctx, agent
+    finally:
+        ctx.pool.close()
+        drop_outbox(stack, DIAGNOSTIC_DB)
+
+
+@pytest.fixture(scope="module")
+def remediation(
+    stack: StackSettings, serde: AvroSerde, sim: tuple[FakeSim, str]
+) -> Iterator[tuple[ServiceContext, RemediationSettings]]:
+    settings = RemediationSettings(**stack.model_dump(), service_database=REMEDIATION_DB, sim_url=sim[1], http_port=0)
+    spec, _ = remediation_spec(settings)
+    ctx = prepare(spec, settings)
+    try:
+        yield ctx, settings
+    finally:
+        ctx.pool.close()
+        drop_outbox(stack, REMEDIATION_DB)
+
+
+@pytest.fixture()
+def topic(stack: StackSettings) -> Iterator[str]:
+    """A fresh input topic and its DLQ, deleted afterwards."""
+    name = f"it-agents-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(name, 1, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
+        future.result(15)
+    yield name
+    admin.delete_topics([name, f"{name}.dlq"])
+
+
+def on_topic(ctx: ServiceContext, topic: str, *, handlers_of: ServiceContext | None = None) -> ConsumerLoop:
+    """The service's loop, consuming ``topic`` in a group of its own."""
+    spec = dataclasses.replace(
+        (handlers_of or ctx).spec, topics=(topic,), loop={"kafka": {"group.id": f"it-{topic}"}, "max_retries": 1}
+    )
+    return build_loop(ServiceContext(spec, ctx.settings, ctx.pool, ctx.serde))
+
+
+def with_reasoner(ctx: ServiceContext, reasoner: Reasoner, **settings: Any) -> tuple[ServiceContext, DiagnosticAgent]:
+    """The same database and pool, another agent (another reasoner, other settings)."""
+    changed = ctx.settings.model_copy(update=settings)
+    assert isinstance(changed, DiagnosticSettings)
+    spec, agent = diagnostic_spec(changed, reasoner=reasoner)
+    return ServiceContext(spec, changed, ctx.pool, ctx.serde), agent
+
+
+# --------------------------------------------------------------- records
+
+
+def produce(stack: StackSettings, topic: str, serde: AvroSerde, records: list[tuple[dict[str, Any], Envelope]]) -> None:
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    for value, envelope in records:
+        payload = serde.serialize("incidents", envelope.type, value)
+        producer.produce(topic, key=envelope.correlationid, value=payload, headers=envelope.headers())
+    assert producer.flush(15) == 0
+
+
+def incident_opened(incident: str) -> list[tuple[dict[str, Any], Envelope]]:
+    """ServiceLatencyIncreased, then the DiagnosisRequested it caused."""
+    latency, latency_env = latency_fact(incident, p95_ms=1831.0)
+    request_env = latency_env.caused(DIAGNOSIS_REQUESTED, "/flotilla/health-agent")
+    request = {
+        "eventId": request_env.id,
+        "incidentId": incident,
+        "service": "checkout-api",
+        "environment": "production",
+        "symptom": "p95 1831 ms against a 500 ms threshold for 60 s",
+        "triggerEventId": latency_env.id,
+        "requestedAt": datetime.now(UTC).replace(microsecond=0),
+    }
+    return [(latency, latency_env), (request, request_env)]
+
+
+def drain(loop: ConsumerLoop, expected: int, timeout: float = 60) -> None:
+    seen = 0
+    deadline = time.monotonic() + timeout
+    try:
+        while seen < expected:
+            assert time.monotonic() < deadline, f"consumed {seen} of {expected} records"
+            seen += loop.poll_once()
+    finally:
+        loop.stop()
+        loop.run()  # returns at once and closes the consumer
+
+
+def outbox(ctx: ServiceContext, incident: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(type, decoded value, headers) of what the service wrote for the incident, in order."""
+    with ctx.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT type, payload, id::text, ce_causationid, ce_hops, ce_traceparent FROM outbox "
+            "WHERE aggregateid = %s ORDER BY created_at, id",
+            (incident,),
+        ).fetchall()
+    return [
+        (t, ctx.serde.deserialize(bytes(p)).value, {"id": i, "causationid": c, "hops": int(h), "traceparent": tp})
+        for t, p, i, c, h, tp in rows
+    ]
+
+
+def scalar(ctx: ServiceContext, sql: str, *params: Any) -> Any:
+    with ctx.pool.connection() as conn:
+        row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def new_incident() -> str:
+    return f"incident-it-{uuid.uuid4().hex[:10]}"
+
+
+# ------------------------------------------------------------------ tests
+
+
+def test_diagnosis_requested_becomes_dependency_failure_suspected(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, _ = diagnostic
+    incident = new_incident()
+    records = incident_opened(incident)
+    produce(stack, topic, serde, records)
+    drain(on_topic(ctx, topic), 2)
+
+    [(record_type, value, headers)] = outbox(ctx, incident)
+    request_env = records[1][1]
+    assert record_type == DEPENDENCY_FAILURE_SUSPECTED
+    assert value["suspectedDependency"] == "payments-api"
+    assert value["service"] == "checkout-api"
+    assert value["jobId"] is None
+    assert value["reasoning"]["reasoner"] == "rules"
+    assert value["reasoning"]["confidence"] == pytest.approx(0.875)  # 280 ms against a learned 35 ms
+    assert headers["causationid"] == request_env.id
+    assert headers["hops"] == request_env.hops - 1
+    assert headers["traceparent"].split("-")[1] == request_env.traceparent.split("-")[1]  # same trace
+    assert scalar(ctx, "SELECT count(*) FROM diagnoses WHERE incident_id = %s", incident) == 1
+
+
+def test_a_model_answering_garbage_twice_escalates_and_diagnoses_nothing(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    llm: FakeOpenAI,
+    topic: str,
+) -> None:
+    ctx, _ = diagnostic
+    incident = new_incident()
+    llm.reset()
+    llm.script(MALFORMED, hallucinated(diagnosis_answer(incident)))
+    reasoner = LLMReasoner(base_url=llm.base_url, model="test-model", timeout=10, max_retries=0)
+    llm_ctx, _ = with_reasoner(ctx, reasoner)
+    records = incident_opened(incident)
+    produce(stack, topic, serde, records)
+    drain(on_topic(llm_ctx, topic), 2)
+
+    written = outbox(ctx, incident)
+    assert [t for t, _, _ in written] == [INCIDENT_ESCALATED]  # and no diagnosis
+    _, escalated, headers = written[0]
+    assert str(escalated["causeEventId"]) == records[1][1].id
+    assert escalated["causeType"] == DIAGNOSIS_REQUESTED
+    assert escalated["escalatedTo"] == "on-call"
+    assert "llm reasoner could not diagnose" in escalated["reason"]
+    assert "rootCauseTicket" not in escalated["reason"]  # the bad answer never reaches a topic
+    assert headers["causationid"] == records[1][1].id
+    assert len(llm.requests) == 2
+    assert llm.remaining == 0
+    # the failure and what it cost stay in the agent's database; the tokens count against the incident
+    assert scalar(ctx, "SELECT attempts FROM reasoning_failures WHERE incident_id = %s", incident) == 2
+    assert "rootCauseTicket" in scalar(
+        ctx, "SELECT last_answer FROM reasoning_failures WHERE incident_id = %s", incident
+    )
+    assert scalar(ctx, "SELECT tokens_used FROM incident_workflow WHERE incident_id = %s", incident) == 320
+    assert scalar(ctx, "SELECT count(*) FROM diagnoses WHERE incident_id = %s", incident) == 0
+
+
+def test_a_slow_job_survives_a_restart_and_finishes_exactly_once(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    diagnostic_settings: DiagnosticSettings,
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, _ = diagnostic
+    slow_ctx, _ = with_reasoner(ctx, RulesReasoner(), diagnostic_job_seconds=30.0)
+    incident = new_incident()
+    records = incident_opened(incident)
+    produce(stack, topic, serde, records)
+    drain(on_topic(slow_ctx, topic), 2)
+
+    [(record_type, started, started_headers)] = outbox(ctx, incident)
+    assert record_type == DIAGNOSTIC_JOB_STARTED
+    assert started["jobKind"] == "dependency-probe"
+    assert started["startedBy"] == "diagnostic-agent"
+    assert started_headers["causationid"] == records[1][1].id
+    job_id = str(started["jobId"])
+    due = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
+    assert scalar(ctx, "SELECT status FROM diagnostic_jobs WHERE job_id = %s", job_id) == "running"
+
+    # The process stops; a new one prepares a fresh context on the same database.
+    spec, agent = diagnostic_spec(diagnostic_settings)
+    restarted = prepare(spec, diagnostic_settings)
+    try:
+        assert agent.finish_due_jobs(restarted) == 0  # not due yet
+        later = due + timedelta(seconds=1)
+        assert agent.finish_due_jobs(restarted, now=later) == 1
+        assert agent.finish_due_jobs(restarted, now=later) == 0  # finished: never again
+    finally:
+        restarted.pool.close()
+
+    written = outbox(ctx, incident)
+    assert [t for t, _, _ in written] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
+    _, diagnosis, headers = written[1]
+    assert str(diagnosis["jobId"]) == job_id
+    assert diagnosis["suspectedDependency"] == "payments-api"
+    assert headers["causationid"] == started_headers["id"]  # caused by the job
+    assert headers["hops"] == records[1][1].hops - 2
+    assert any(e["kind"] == "diagnostic-job" for e in diagnosis["reasoning"]["evidence"])
+    with ctx.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status, outcome_type, outcome_event_id FROM diagnostic_jobs WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    assert row == ("done", DEPENDENCY_FAILURE_SUSPECTED, headers["id"])
+
+
+def test_two_instances_racing_for_a_due_job_finish_it_once(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, _ = diagnostic
+    slow_ctx, agent = with_reasoner(ctx, RulesReasoner(), diagnostic_job_seconds=0.1)
+    incident = new_incident()
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(slow_ctx, topic), 2)
+    time.sleep(0.2)
+    assert scalar(ctx, "SELECT count(*) FROM diagnostic_jobs WHERE status = 'running'") == 1  # this one only
+
+    fake_sim.delay = 0.5  # each finisher holds its claim while it reads the sim
+    outcomes: list[str | None] = []
+    contexts = [with_reasoner(ctx, RulesReasoner())[0] for _ in range(2)]
+    threads = [threading.Thread(target=lambda c=c: outcomes.append(agent.finish_one(c))) for c in contexts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes, key=lambda o: o or "") == [None, DEPENDENCY_FAILURE_SUSPECTED]
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
+
+
+def test_a_sim_that_does_not_answer_is_retried_through_a_job(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, agent = diagnostic
+    incident = new_incident()
+    fake_sim.available = False
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(ctx, topic), 2)
+    [(record_type, started, _)] = outbox(ctx, incident)
+    assert record_type == DIAGNOSTIC_JOB_STARTED  # not a dead letter
+    job_id = str(started["jobId"])
+    due = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
+
+    assert agent.finish_one(ctx, now=due) == "postponed"  # still down: try again later
+    assert "SimUnavailable" in scalar(ctx, "SELECT last_error FROM diagnostic_jobs WHERE job_id = %s", job_id)
+    fake_sim.available = True
+    retry = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
+    assert agent.finish_one(ctx, now=retry) == DEPENDENCY_FAILURE_SUSPECTED
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
+
+
+def test_a_job_past_its_deadline_without_evidence_escalates(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, agent = diagnostic
+    incident = new_incident()
+    fake_sim.available = False
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(ctx, topic), 2)
+    [(_, started, started_headers)] = outbox(ctx, incident)
+    deadline = scalar(ctx, "SELECT deadline FROM diagnostic_jobs WHERE job_id = %s", str(started["jobId"]))
+    assert agent.finish_one(ctx, now=deadline + timedelta(seconds=1)) == INCIDENT_ESCALATED
+    [_, (record_type, escalated, _)] = outbox(ctx, incident)
+    assert record_type == INCIDENT_ESCALATED
+    assert str(escalated["causeEventId"]) == started_headers["id"]
+    assert escalated["causeType"] == DIAGNOSTIC_JOB_STARTED
+
+
+def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
+    stack: StackSettings,
+    serde: AvroSerde,
+    remediation: tuple[ServiceContext, RemediationSettings],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, settings = remediation
+    incident = new_incident()
+    records = incident_opened(incident)
+    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
+    record_type, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
+    assert record_type == DEPENDENCY_FAILURE_SUSPECTED
+    records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
+    produce(stack, topic, serde, records)
+    drain(on_topic(ctx, topic), 3)
+
+    [(record_type, proposal, headers)] = outbox(ctx, incident)
+    assert record_type == RECOVERY_PROPOSED
+    assert headers["causationid"] == diagnosis_env.id
+    assert str(proposal["diagnosisEventId"]) == diagnosis_env.id
+    assert proposal["proposedBy"] == "remediation-agent"
+    assert digest_matches(proposal)  # the digest of the decoded steps is the one signed
+    [step] = proposal["steps"]
+    assert step["idempotencyKey"] == f"{incident}:scale:12"
+    assert step["replicas"] == 12
+    assert step["target"] == {"kind": "service", "environment": "production", "name": "checkout-api"}
+    assert str(step["proposalId"]) == str(proposal["proposalId"])
+    assert step["expiresAt"] - step["issuedAt"] == timedelta(seconds=settings.command_ttl_seconds)
+    with ctx.pool.connection() as conn:
+        stored = conn.execute(
+            "SELECT digest, idempotency_keys FROM proposals WHERE proposal_id = %s", (str(proposal["proposalId"]),)
+        ).fetchone()
+    assert stored == (proposal["digest"], [f"{incident}:scale:12"])
+
+
+def test_a_model_that_cannot_plan_escalates_instead_of_proposing(
+    stack: StackSettings,
+    serde: AvroSerde,
+    remediation: tuple[ServiceContext, RemediationSettings],
+    fake_sim: FakeSim,
+    llm: FakeOpenAI,
+    topic: str,
+) -> None:
+    ctx, settings = remediation
+    incident = new_incident()
+    llm.reset()
+    llm.script("not json", '{"incidentId": null}')
+    reasoner = LLMReasoner(base_url=llm.base_url, model="test-model", timeout=10, max_retries=0)
+    spec, _ = remediation_spec(settings, reasoner=reasoner)
+    llm_ctx = ServiceContext(spec, settings, ctx.pool, ctx.serde)
+    records = incident_opened(incident)
+    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
+    _, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
+    records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
+    produce(stack, topic, serde, records)
+    drain(on_topic(llm_ctx, topic), 3)
+
+    assert [t for t, _, _ in outbox(ctx, incident)] == [INCIDENT_ESCALATED]
+    assert scalar(ctx, "SELECT count(*) FROM proposals WHERE incident_id = %s", incident) == 0
+    assert scalar(ctx, "SELECT tokens_used FROM incident_workflow WHERE incident_id = %s", incident) == 320
+
+
+def _rules_diagnosis(incident: str) -> Diagnosis:
+    """What the diagnostic agent decides for the demo (rules, learned baselines)."""
+    fake = FakeSim()
+    fake.faulty = True
+    metrics = parse_metrics(fake.metrics())
+    topology = Topology(
+        services=parse_services(fake.services()),
+        dependency_p95=metrics.dependency_p95,
+        utilization=metrics.utilization,
+        baselines={("checkout-api", "payments-api"): 35.0, ("checkout-api", "inventory-db"): 25.0},
+    )
+    return RulesReasoner().diagnose(DiagnosticEvidence(incident, "checkout-api", "production", "slow", topology))
+
+
+class _BrokenReasoner(RulesReasoner):
+    """A reasoner with a bug: every diagnosis raises."""
+
+    def diagnose(self, evidence: DiagnosticEvidence) -> Diagnosis:
+        raise RuntimeError("reasoner bug")
+
+
+def test_a_job_that_keeps_failing_is_retried_until_its_deadline_then_escalated(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, _ = diagnostic
+    slow_ctx, agent = with_reasoner(ctx, _BrokenReasoner(), diagnostic_job_seconds=0.1)
+    incident = new_incident()
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(slow_ctx, topic), 2)
+    [(_, started, _)] = outbox(ctx, incident)
+    job_id = str(started["jobId"])
+    due, deadline = (
+        scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id),
+        scalar(ctx, "SELECT deadline FROM diagnostic_jobs WHERE job_id = %s", job_id),
+    )
+    assert agent.finish_one(slow_ctx, now=due) == "postponed"
+    assert "reasoner bug" in scalar(ctx, "SELECT last_error FROM diagnostic_jobs WHERE job_id = %s", job_id)
+    assert agent.finish_one(slow_ctx, now=deadline) == INCIDENT_ESCALATED
+    assert agent.finish_one(slow_ctx, now=deadline + timedelta(hours=1)) is None
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, INCIDENT_ESCALATED]
+
+
+def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_dead_lettered(
+    stack: StackSettings,
+    serde: AvroSerde,
+    remediation: tuple[ServiceContext, RemediationSettings],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    ctx, _ = remediation
+    incident = new_incident()
+    records = incident_opened(incident)
+    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
+    _, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
+    records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
+    fake_sim.available = False
+    produce(stack, topic, serde, records)
+    drain(on_topic(ctx, topic), 3)
+
+    assert outbox(ctx, incident) == []  # no proposal without a topology
+    reader = Consumer(
+        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+    )
+    reader.subscribe([deadletter.dlq_topic(topic)])
+    try:
+        letter = wait_for(reader, lambda m: True, timeout=30)
+    finally:
+        reader.close()
+    assert header(letter, "ce_id") == diagnosis_env.id.encode()
+    assert header(letter, deadletter.REASON) == b"retries-exhausted"
+    assert header(letter, deadletter.ERROR_CLASS) == b"SimUnavailable"

@@ -1,0 +1,148 @@
+"""The diagnostic agent's pure pieces: reading the sim, and the records it builds."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from fastavro import parse_schema
+
+from flotilla.contracts import load_contracts
+from flotilla.validation import RecordValidator
+from services.diagnostic_agent import DiagnosticSettings
+from services.reasoner import RulesReasoner, SimClient, SimUnavailable
+from services.reasoner.records import (
+    DEPENDENCY_FAILURE_SUSPECTED,
+    DIAGNOSIS_CONCLUDED,
+    INCIDENT_ESCALATED,
+    diagnosis_from_record,
+    diagnosis_record,
+    escalation_record,
+)
+
+from .test_reasoner_rules import demo_topology, evidence
+
+SERVICES = [
+    {
+        "name": "checkout-api",
+        "environment": "production",
+        "replicas": 4,
+        "revision": "v41",
+        "previousRevision": "v40",
+        "dependencies": ["payments-api", "inventory-db"],
+        "failoverTargets": {"payments-api": "payments-api-secondary"},
+        "activeDependencies": {"payments-api": "payments-api", "inventory-db": "inventory-db"},
+        "p95Ms": 1831.0,
+        "thresholdMs": 500.0,
+        "faults": [],
+    },
+    {"name": "payments-api", "environment": "production", "replicas": 3, "p95Ms": 280.0, "thresholdMs": 400.0},
+]
+METRICS = """\
+# HELP sim_dependency_latency_p95_ms p95 latency the service sees from a dependency, ms.
+# TYPE sim_dependency_latency_p95_ms gauge
+sim_dependency_latency_p95_ms{dependency="payments-api",service="checkout-api"} 280.0
+sim_dependency_latency_p95_ms{dependency="inventory-db",service="checkout-api"} 25.0
+# TYPE sim_pool_utilization_ratio gauge
+sim_pool_utilization_ratio{service="checkout-api"} 2.125
+# TYPE sim_latency_p95_ms gauge
+sim_latency_p95_ms{service="checkout-api"} 1831.0
+"""
+
+
+def sim(handler: Any) -> SimClient:
+    return SimClient("http://sim.test", transport=httpx.MockTransport(handler))
+
+
+def serving(services: Any = SERVICES, metrics: str = METRICS, status: int = 200) -> SimClient:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/services":
+            return httpx.Response(status, json=services)
+        if request.url.path == "/metrics":
+            return httpx.Response(status, text=metrics)
+        return httpx.Response(404)
+
+    return sim(handle)
+
+
+def test_a_snapshot_reads_services_and_metrics() -> None:
+    topology = serving().snapshot()
+    checkout = topology.services["checkout-api"]
+    assert checkout.replicas == 4
+    assert checkout.dependencies == ("payments-api", "inventory-db")
+    assert checkout.failover_targets == {"payments-api": "payments-api-secondary"}
+    assert checkout.degraded
+    assert topology.dependency_p95 == {("checkout-api", "payments-api"): 280.0, ("checkout-api", "inventory-db"): 25.0}
+    assert topology.utilization == {"checkout-api": 2.125}
+    assert topology.observed_dependency_p95("checkout-api", "payments-api") == 280.0
+    assert topology.services["payments-api"].dependencies == ()
+
+
+@pytest.mark.parametrize(
+    "client",
+    [
+        serving(status=503),
+        serving(services={"not": "a list"}),
+        serving(services=[{"name": "x"}]),
+        serving(metrics="this is { not prometheus"),
+    ],
+    ids=["5xx", "not a list", "missing fields", "bad metrics"],
+)
+def test_anything_but_the_documented_api_is_sim_unavailable(client: SimClient) -> None:
+    with pytest.raises(SimUnavailable):
+        client.snapshot()
+
+
+def test_an_unreachable_sim_is_sim_unavailable() -> None:
+    with pytest.raises(SimUnavailable, match="ConnectError"):
+        SimClient("http://127.0.0.1:9", timeout=1).snapshot()
+
+
+def validator(full_name: str) -> RecordValidator:
+    return RecordValidator(parse_schema(next(c.schema for c in load_contracts() if c.full_name == full_name)))
+
+
+def test_a_suspected_dependency_becomes_a_valid_record_and_back() -> None:
+    diagnosis = RulesReasoner().diagnose(evidence(demo_topology()))
+    now = datetime.now(UTC)
+    record_type, value = diagnosis_record(diagnosis, job_id=str(uuid.uuid4()), now=now)
+    assert record_type == DEPENDENCY_FAILURE_SUSPECTED
+    value = {"eventId": str(uuid.uuid4()), **value}
+    assert validator(record_type).problems(value) == []
+    back = diagnosis_from_record(record_type, value)
+    assert back.suspected_dependency == "payments-api"
+    assert back.event_id == value["eventId"]
+    assert back.reasoning == diagnosis.reasoning
+
+
+def test_a_conclusion_becomes_a_valid_record() -> None:
+    diagnosis = RulesReasoner().diagnose(evidence(demo_topology(payments_ms=36.0), may_request_more=False))
+    record_type, value = diagnosis_record(diagnosis, job_id=None, now=datetime.now(UTC))
+    assert record_type == DIAGNOSIS_CONCLUDED
+    assert validator(record_type).problems({"eventId": str(uuid.uuid4()), **value}) == []
+    assert value["causeCategory"] == "capacity"
+
+
+def test_an_escalation_is_a_valid_record() -> None:
+    value = escalation_record(
+        "incident-1",
+        reason="the llm reasoner could not diagnose the incident",
+        cause_event_id=str(uuid.uuid4()),
+        cause_type="dev.flotilla.incidents.DiagnosisRequested",
+        now=datetime.now(UTC),
+    )
+    assert validator(INCIDENT_ESCALATED).problems({"eventId": str(uuid.uuid4()), **value}) == []
+
+
+def test_settings_default_to_the_fleet_table() -> None:
+    settings = DiagnosticSettings()
+    assert (settings.service_name, settings.service_database, settings.http_port) == (
+        "diagnostic-agent",
+        "flotilla_diagnostic",
+        18102,
+    )
+    assert settings.reasoner == "rules"
+    assert settings.diagnostic_job_seconds == 0

@@ -1,0 +1,296 @@
+"""The LLM reasoner against a fake OpenAI-compatible server: structured output requested,
+answers validated, one retry with the problems, then ReasoningFailed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.reasoner import (
+    Action,
+    Diagnosis,
+    DiagnosticEvidence,
+    LLMReasoner,
+    Reasoning,
+    ReasoningFailed,
+    TokenUsage,
+    Verdict,
+)
+from services.reasoner.decision import (
+    DIAGNOSIS_SCHEMA,
+    PROPOSAL_SCHEMA,
+    InvalidDecision,
+    parse_json_object,
+    schema_problems,
+)
+from tests.fakes.fake_openai import (
+    MALFORMED,
+    Answer,
+    FakeOpenAI,
+    diagnosis_answer,
+    hallucinated,
+    missing,
+    proposal_answer,
+)
+
+from .test_reasoner_rules import INCIDENT, demo_topology, evidence
+
+DIAGNOSIS_EVENT = "0b6d3d1e-5a43-4c7e-9a8e-3f1c2b7d9e10"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture()
+def fake(server: FakeOpenAI) -> Iterator[FakeOpenAI]:
+    server.reset()
+    yield server
+    assert server.remaining == 0, "the test scripted answers it never asked for"
+
+
+@pytest.fixture()
+def reasoner(fake: FakeOpenAI) -> LLMReasoner:
+    return LLMReasoner(base_url=fake.base_url, model="test-model", api_key="sk-test", timeout=5, max_retries=0)
+
+
+def the_evidence(**changes: Any) -> DiagnosticEvidence:
+    return evidence(demo_topology(), **changes)
+
+
+def a_diagnosis() -> Diagnosis:
+    return Diagnosis(
+        Verdict.DEPENDENCY_FAILURE,
+        INCIDENT,
+        "checkout-api",
+        reasoning=Reasoning("payments-api is slow", (), 0.87, "rules"),
+        suspected_dependency="payments-api",
+        failure_mode="slow-responses",
+        event_id=DIAGNOSIS_EVENT,
+    )
+
+
+# ------------------------------------------------------------ good answers
+
+
+def test_a_good_diagnosis_is_accepted_with_its_token_usage(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(Answer(json.dumps(diagnosis_answer(INCIDENT)), prompt_tokens=812, completion_tokens=95))
+    diagnosis = reasoner.diagnose(the_evidence())
+
+    assert diagnosis.verdict is Verdict.DEPENDENCY_FAILURE
+    assert diagnosis.suspected_dependency == "payments-api"
+    assert diagnosis.reasoning.reasoner == "llm"
+    assert diagnosis.reasoning.model == "test-model"
+    assert diagnosis.reasoning.confidence == 0.86
+    assert diagnosis.reasoning.usage == TokenUsage(812, 95)
+    assert diagnosis.reasoning.evidence[0].observed_value == "280 ms"
+
+    [request] = fake.requests
+    assert request["model"] == "test-model"
+    assert request["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "flotilla_diagnosis", "schema": DIAGNOSIS_SCHEMA, "strict": True},
+    }
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
+    facts = json.loads(request["messages"][1]["content"])
+    assert facts["incidentId"] == INCIDENT
+    assert facts["needsEvidenceAllowed"] is True
+    assert {s["name"] for s in facts["topology"]["services"]} >= {"checkout-api", "payments-api"}
+    assert fake.authorizations == ["Bearer sk-test"]
+
+
+def test_a_good_proposal_is_accepted(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(Answer(json.dumps(proposal_answer(INCIDENT, DIAGNOSIS_EVENT)), prompt_tokens=900, completion_tokens=70))
+    proposal = reasoner.propose(a_diagnosis(), demo_topology())
+    assert [(s.action, s.service, s.environment, dict(s.params)) for s in proposal.steps] == [
+        (Action.SCALE, "checkout-api", "production", {"replicas": 12})
+    ]
+    assert proposal.diagnosis_event_id == DIAGNOSIS_EVENT
+    assert proposal.reasoning.usage == TokenUsage(900, 70)
+    assert fake.requests[0]["response_format"]["json_schema"]["schema"] == PROPOSAL_SCHEMA
+
+
+def test_a_bad_answer_then_a_good_one_succeeds_and_both_are_charged(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(hallucinated(diagnosis_answer(INCIDENT)), diagnosis_answer(INCIDENT))
+    diagnosis = reasoner.diagnose(the_evidence())
+    assert diagnosis.suspected_dependency == "payments-api"
+    assert diagnosis.reasoning.usage == TokenUsage(240, 80)
+    assert len(fake.requests) == 2
+
+
+# ------------------------------------------------------------- bad answers
+
+GOOD_DIAGNOSIS = diagnosis_answer(INCIDENT)
+BAD_DIAGNOSES: dict[str, tuple[Any, str]] = {
+    "malformed JSON": (MALFORMED, "not valid JSON"),
+    "hallucinated field": (hallucinated(GOOD_DIAGNOSIS), "field 'rootCauseTicket' is not in the schema"),
+    "missing id": (missing(GOOD_DIAGNOSIS), "required field 'incidentId' is missing"),
+    "another incident's id": ({**GOOD_DIAGNOSIS, "incidentId": "incident-999"}, "$.incidentId: must be"),
+    "confidence above 1": ({**GOOD_DIAGNOSIS, "confidence": 1.7}, "above the maximum 1"),
+    "negative confidence": ({**GOOD_DIAGNOSIS, "confidence": -0.2}, "below the minimum 0"),
+    "NaN confidence": (json.dumps(GOOD_DIAGNOSIS).replace("0.86", "NaN"), "not valid JSON"),
+    "a dependency the service does not have": (
+        {**GOOD_DIAGNOSIS, "suspectedDependency": "mainframe-db"},
+        "'mainframe-db' is not a dependency of checkout-api",
+    ),
+    "not an object": ("[1, 2, 3]", "must be one JSON object"),
+    "an unknown verdict": ({**GOOD_DIAGNOSIS, "verdict": "probably-dns"}, "is not one of"),
+    "a string for a number": ({**GOOD_DIAGNOSIS, "confidence": "high"}, "expected number"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_DIAGNOSES), ids=list(BAD_DIAGNOSES))
+def test_a_bad_diagnosis_is_retried_once_with_the_problem_then_fails(
+    fake: FakeOpenAI, reasoner: LLMReasoner, bad: str
+) -> None:
+    answer, problem = BAD_DIAGNOSES[bad]
+    fake.script(answer, answer)
+    with pytest.raises(ReasoningFailed) as failed:
+        reasoner.diagnose(the_evidence())
+
+    assert len(fake.requests) == 2  # the first answer and exactly one retry
+    first, second = fake.messages(0), fake.messages(1)
+    assert second[:2] == first  # the same conversation ...
+    assert [m["role"] for m in second[2:]] == ["assistant", "user"]  # ... plus the answer and the problems
+    assert second[2]["content"] == (answer if isinstance(answer, str) else json.dumps(answer))
+    assert "rejected by validation" in second[3]["content"]
+    assert problem in second[3]["content"]
+    failure = failed.value
+    assert failure.reasoner == "llm"
+    assert failure.attempts == 2
+    assert failure.usage == TokenUsage(240, 80)  # both attempts are charged
+    assert any(problem in p for p in failure.problems)
+    assert failure.last_answer == second[2]["content"]
+    assert problem not in failure.reason  # the escalation reason carries no model output
+
+
+def test_more_evidence_may_not_be_requested_after_the_job(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    asks = {
+        **GOOD_DIAGNOSIS,
+        "verdict": "needs-evidence",
+        "suspectedDependency": None,
+        "failureMode": None,
+        "jobKind": "cpu-profile",
+    }
+    fake.script(asks, asks)
+    with pytest.raises(ReasoningFailed):
+        reasoner.diagnose(the_evidence(job_id="j-1", may_request_more=False))
+    assert "needs-evidence is not allowed" in fake.messages(1)[3]["content"]
+
+
+GOOD_PROPOSAL = proposal_answer(INCIDENT, DIAGNOSIS_EVENT)
+STEP = GOOD_PROPOSAL["steps"][0]
+BAD_PROPOSALS: dict[str, tuple[Any, str]] = {
+    "a service not in the topology": (
+        {**GOOD_PROPOSAL, "steps": [{**STEP, "service": "billing-api"}]},
+        "'billing-api' is not a service of the topology",
+    ),
+    "missing diagnosis id": (missing(GOOD_PROPOSAL, "diagnosisEventId"), "'diagnosisEventId' is missing"),
+    "a hallucinated step field": (
+        {**GOOD_PROPOSAL, "steps": [{**STEP, "maxSurge": 3}]},
+        "$.steps[0]: field 'maxSurge' is not in the schema",
+    ),
+    "too many replicas": ({**GOOD_PROPOSAL, "steps": [{**STEP, "replicas": 500}]}, "between 1 and 20"),
+    "a failover target that is not configured": (
+        {
+            **GOOD_PROPOSAL,
+            "steps": [{**STEP, "action": "failover", "replicas": None, "dependency": "payments-api", "toTarget": "x"}],
+        },
+        "is not checkout-api's failover target",
+    ),
+    "parameters of another action": ({**GOOD_PROPOSAL, "steps": [{**STEP, "rolling": True}]}, "must be null"),
+    "the wrong environment": ({**GOOD_PROPOSAL, "steps": [{**STEP, "environment": "dev"}]}, "runs in 'production'"),
+    "no steps": ({**GOOD_PROPOSAL, "steps": []}, "needs at least 1"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_PROPOSALS), ids=list(BAD_PROPOSALS))
+def test_a_bad_proposal_is_retried_once_with_the_problem_then_fails(
+    fake: FakeOpenAI, reasoner: LLMReasoner, bad: str
+) -> None:
+    answer, problem = BAD_PROPOSALS[bad]
+    fake.script(answer, answer)
+    with pytest.raises(ReasoningFailed) as failed:
+        reasoner.propose(a_diagnosis(), demo_topology())
+    assert len(fake.requests) == 2
+    assert problem in fake.messages(1)[3]["content"]
+    assert failed.value.usage == TokenUsage(240, 80)
+
+
+def test_a_refusal_and_a_cut_off_answer_are_bad_answers(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(Answer(None, refusal="I can't help with that."), Answer('{"incidentId": "inc', finish_reason="length"))
+    with pytest.raises(ReasoningFailed):
+        reasoner.diagnose(the_evidence())
+    assert "the model refused" in fake.messages(1)[3]["content"]
+
+
+def test_a_server_that_does_not_answer_fails_without_an_answer_retry(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(Answer(None, status=500))
+    with pytest.raises(ReasoningFailed, match="did not answer"):
+        reasoner.diagnose(the_evidence())
+    assert len(fake.requests) == 1
+
+
+def test_an_unreachable_server_fails() -> None:
+    dead = LLMReasoner(base_url="http://127.0.0.1:9/v1", model="m", timeout=2, max_retries=0)
+    with pytest.raises(ReasoningFailed, match="APIConnectionError"):
+        dead.diagnose(the_evidence())
+
+
+# ---------------------------------------------------------- the schemas
+
+
+def _objects(schema: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if schema.get("type") == "object":
+        yield schema
+        for sub in schema["properties"].values():
+            yield from _objects(sub)
+    if "items" in schema:
+        yield from _objects(schema["items"])
+
+
+@pytest.mark.parametrize("schema", [DIAGNOSIS_SCHEMA, PROPOSAL_SCHEMA], ids=["diagnosis", "proposal"])
+def test_the_decision_schemas_fit_strict_structured_output(schema: dict[str, Any]) -> None:
+    for obj in _objects(schema):
+        assert obj["additionalProperties"] is False
+        assert sorted(obj["required"]) == sorted(obj["properties"])
+
+
+def test_schema_problems_name_every_field() -> None:
+    problems = schema_problems({"incidentId": 7, "extra": 1}, DIAGNOSIS_SCHEMA)
+    assert "$.incidentId: expected string, got 7" in problems
+    assert "$: field 'extra' is not in the schema" in problems
+    assert sum("is missing" in p for p in problems) == len(DIAGNOSIS_SCHEMA["required"]) - 1
+    step = {**STEP, "replicas": True}  # a bool is not an integer
+    assert schema_problems(step, PROPOSAL_SCHEMA["properties"]["steps"]["items"]) == [
+        "$.replicas: expected integer or null, got true"
+    ]
+
+
+def test_only_a_json_object_parses() -> None:
+    assert parse_json_object(' {"a": 1} ') == {"a": 1}
+    for text in (None, "", "Infinity", '{"a": NaN}', "nope"):
+        with pytest.raises(InvalidDecision):
+            parse_json_object(text)
+
+
+def test_the_evidence_the_model_sees_includes_baselines_and_utilization(
+    fake: FakeOpenAI, reasoner: LLMReasoner
+) -> None:
+    fake.script(diagnosis_answer(INCIDENT))
+    reasoner.diagnose(dataclasses.replace(the_evidence(), symptom="p95 1831 ms"))
+    facts = json.loads(fake.messages()[1]["content"])
+    deps = {d["dependency"]: d for d in facts["topology"]["dependencyLatencyP95Ms"]}
+    assert deps["payments-api"] == {
+        "service": "checkout-api",
+        "dependency": "payments-api",
+        "p95Ms": 280.0,
+        "baselineP95Ms": 35.0,
+    }
+    assert facts["topology"]["poolUtilization"] == {"checkout-api": 2.125}

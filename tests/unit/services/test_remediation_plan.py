@@ -1,0 +1,134 @@
+"""Proposals as exact commands: idempotency keys, expiry, and the digest an approver signs."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+from flotilla.contracts import load_contracts
+from flotilla.digest import command_digest
+from flotilla.validation import RecordValidator
+from services.reasoner import Action, PlannedStep, Proposal, Reasoning, TokenUsage
+from services.remediation_agent.plan import (
+    command_record,
+    digest_matches,
+    idempotency_key,
+    proposal_value,
+    to_millis,
+)
+
+NOW = datetime(2026, 8, 17, 14, 2, 7, 123456, tzinfo=UTC)
+TTL = timedelta(seconds=900)
+DIAGNOSIS_EVENT = "0b6d3d1e-5a43-4c7e-9a8e-3f1c2b7d9e10"
+
+
+def contract(name: str) -> Any:
+    return parse_schema(next(c.schema for c in load_contracts() if c.full_name == name))
+
+
+def scale(replicas: int = 12, service: str = "checkout-api") -> PlannedStep:
+    return PlannedStep(Action.SCALE, service, "production", {"replicas": replicas})
+
+
+def proposal(*steps: PlannedStep) -> Proposal:
+    reasoning = Reasoning("scale checkout-api", (), 0.875, "llm", "m-1", TokenUsage(900, 70))
+    return Proposal("incident-204", DIAGNOSIS_EVENT, steps or (scale(),), reasoning)
+
+
+def value(*steps: PlannedStep, now: datetime = NOW) -> dict[str, Any]:
+    return proposal_value(
+        proposal(*steps),
+        proposal_id=str(uuid.uuid4()),
+        proposed_by="remediation-agent",
+        diagnosed_service="checkout-api",
+        now=now,
+        ttl=TTL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("action", "params", "key"),
+    [
+        (Action.SCALE, {"replicas": 12}, "incident-204:scale:12"),
+        (Action.RESTART, {"rolling": True}, "incident-204:restart:rolling"),
+        (Action.RESTART, {"rolling": False}, "incident-204:restart:all"),
+        (Action.ROLLBACK, {"toRevision": "v41"}, "incident-204:rollback:v41"),
+        (
+            Action.FAILOVER,
+            {"dependency": "payments-api", "toTarget": "payments-api-secondary"},
+            "incident-204:failover:payments-api:payments-api-secondary",
+        ),
+    ],
+)
+def test_idempotency_keys_name_the_incident_the_action_and_its_parameters(
+    action: Action, params: dict[str, Any], key: str
+) -> None:
+    assert idempotency_key("incident-204", action, params) == key
+
+
+def test_a_step_on_another_service_names_it_in_the_key() -> None:
+    assert idempotency_key("incident-204", Action.SCALE, {"replicas": 3}, service="search-api") == (
+        "incident-204:scale:search-api:3"
+    )
+    keys = [s["idempotencyKey"] for s in value(scale(12), scale(3, "search-api"))["steps"]]
+    assert keys == ["incident-204:scale:12", "incident-204:scale:search-api:3"]
+
+
+def test_the_same_effect_gets_the_same_key_but_a_new_command_id() -> None:
+    first, second = value()["steps"][0], value(now=NOW + timedelta(minutes=5))["steps"][0]
+    assert first["idempotencyKey"] == second["idempotencyKey"] == "incident-204:scale:12"
+    assert first["commandId"] != second["commandId"]
+
+
+def test_two_steps_with_one_key_are_refused() -> None:
+    with pytest.raises(ValueError, match="share an idempotency key"):
+        value(scale(12), scale(12))
+
+
+def test_a_command_carries_target_params_and_expiry() -> None:
+    step = command_record(
+        scale(), incident_id="incident-204", proposal_id="p", diagnosed_service="checkout-api", issued_at=NOW, ttl=TTL
+    )
+    assert step["target"] == {"kind": "service", "environment": "production", "name": "checkout-api"}
+    assert step["replicas"] == 12
+    assert step["issuedAt"] == to_millis(NOW) == NOW.replace(microsecond=123000)
+    assert step["expiresAt"] - step["issuedAt"] == TTL
+    uuid.UUID(step["commandId"])
+
+
+def test_the_proposal_is_a_valid_record_with_the_digest_of_its_steps() -> None:
+    proposed = {"eventId": str(uuid.uuid4()), **value()}
+    schema = contract("dev.flotilla.decisions.RecoveryProposed")
+    assert RecordValidator(schema).problems(proposed) == []
+    assert proposed["digest"] == command_digest(proposed["steps"])
+    assert proposed["digest"].startswith("sha256:") and len(proposed["digest"]) == 7 + 64
+    assert proposed["proposedBy"] == "remediation-agent"
+    assert proposed["reasoning"]["tokenUsage"] == {"promptTokens": 900, "completionTokens": 70}
+
+
+def test_the_digest_survives_the_avro_round_trip() -> None:
+    """What the policy service decodes digests to what the remediation agent signed."""
+    proposed = {
+        "eventId": str(uuid.uuid4()),
+        **value(PlannedStep(Action.RESTART, "checkout-api", "production", {"rolling": True}), scale()),
+    }
+    schema = contract("dev.flotilla.decisions.RecoveryProposed")
+    buf = io.BytesIO()
+    schemaless_writer(buf, schema, proposed)
+    buf.seek(0)
+    decoded = schemaless_reader(buf, schema, None)
+    assert isinstance(decoded, dict)
+    assert digest_matches(decoded)
+    assert command_digest(decoded["steps"]) == proposed["digest"]
+
+
+def test_any_change_to_a_step_changes_the_digest() -> None:
+    proposed = value()
+    tampered = [{**proposed["steps"][0], "replicas": 13}]
+    assert command_digest(tampered) != proposed["digest"]
+    assert not digest_matches({**proposed, "steps": tampered})
