@@ -57,10 +57,17 @@ def member_env(member: Member) -> dict[str, str]:
     return env
 
 
+def _quoted(value: str) -> str:
+    """A value for supervisord's environment=: double-quoted, with backslashes and quotes
+    escaped (it splits with POSIX shell rules) and % doubled (its config interpolates)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{escaped}"'
+
+
 def _config() -> str:
     parts = [SUPERVISOR.header(LOGS, pwd.getpwuid(os.geteuid()).pw_name)]
     for member in FLEET:
-        env = ",".join(f'{k}="{v}"' for k, v in member_env(member).items())
+        env = ",".join(f"{k}={_quoted(v)}" for k, v in member_env(member).items())
         parts.append(
             f"""
 [program:{member.name}]
@@ -169,8 +176,8 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "status", "restart"])
-    parser.add_argument("service", nargs="?", help="with restart: one member")
+    parser.add_argument("action", choices=["up", "down", "status", "restart", "pid"])
+    parser.add_argument("service", nargs="?", help="with restart or pid: one member")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             down()
         elif args.action == "restart":
             restart(args.service)
+        elif args.action == "pid":
+            print(SUPERVISOR.ctl("pid", args.service or "all").strip())
         else:
             return status(args.json)
     except StackError as exc:

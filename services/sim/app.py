@@ -145,6 +145,19 @@ def create_sim_app(model: SimModel | None = None, *, action_seconds: float = 0.2
         state.reset()
         return {"status": "reset"}
 
+    @app.get("/settings")
+    def read_settings() -> dict[str, float]:
+        return {"actionSeconds": state.action_seconds}
+
+    @app.put("/settings", response_model=None)
+    def change_settings(body: dict[str, Any]) -> dict[str, float] | JSONResponse:
+        """Tests slow actions down to catch an executor in the middle of one."""
+        seconds = body.get("actionSeconds")
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 <= seconds <= 60:
+            return _error(422, "actionSeconds must be a number of seconds from 0 to 60")
+        state.action_seconds = float(seconds)
+        return {"actionSeconds": state.action_seconds}
+
     @app.post("/actions/{action}", response_model=None)
     def act(action: str, body: ActionRequest) -> dict[str, Any] | JSONResponse:
         if action not in ACTIONS:

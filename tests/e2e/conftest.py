@@ -30,6 +30,8 @@ E2E_SETTINGS = {
     "FLOTILLA_HEALTH_VERIFY_SECONDS": "2",
     "FLOTILLA_SIM_ACTION_SECONDS": "0.1",
     "FLOTILLA_APPROVAL_SWEEP_SECONDS": "0.5",
+    # every diagnosis goes through a durable slow job (so one test can restart the agent mid-job)
+    "FLOTILLA_DIAGNOSTIC_JOB_SECONDS": "2",
     # long enough to restart every service while an approval waits, short enough to test expiry
     "FLOTILLA_APPROVAL_TTL_SECONDS": "45",
     "FLOTILLA_POLICY_USERS": json.dumps(

@@ -19,7 +19,7 @@ from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
-from services.fleet import AUDIT, DLQ_RECONCILER, POLICY, SIM, Member, url
+from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APPROVER = "alice-token"
@@ -146,6 +146,28 @@ class Fleet:
     def dlq(self, method: str, path: str, body: object | None = None, token: str | None = None) -> Any:
         return self.call(DLQ_RECONCILER, method, path, body, token)
 
+    def executor_pending(self, idempotency_key: str) -> bool:
+        """Whether the executor has marked the key PENDING (it is about to act or acting)."""
+        import psycopg
+
+        with psycopg.connect(self.stack.pg_dsn(EXECUTOR.database)) as conn:
+            row = conn.execute("SELECT state FROM executions WHERE idempotency_key = %s", (idempotency_key,)).fetchone()
+        return row is not None and row[0] == "PENDING"
+
+    def kill(self, service: str) -> None:
+        """SIGKILL a member's process (supervisord starts it again)."""
+        import os
+        import signal
+
+        done = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "pid", service],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stdout + done.stderr
+        os.kill(int(done.stdout.strip()), signal.SIGKILL)
+
     def restart(self, service: str) -> None:
         done = subprocess.run(
             [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "restart", service],
@@ -154,3 +176,40 @@ class Fleet:
             timeout=120,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def produce(fleet: Fleet, topic: str, key: str, record_type: str, value: dict[str, Any], envelope: Envelope) -> None:
+    """Publish a record as a (test) producer would: valid against its registered schema."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": fleet.stack.kafka_bootstrap})
+    producer.produce(topic, key=key, value=fleet.serde.serialize(topic, record_type, value), headers=envelope.headers())
+    assert producer.flush(10) == 0
+
+
+def counter_proposal(original: Seen, replicas: int) -> tuple[dict[str, Any], Envelope]:
+    """Another agent's proposal for the same incident and resource: scale to ``replicas``."""
+    import uuid
+
+    from flotilla.digest import command_digest
+
+    proposal_id = str(uuid.uuid4())
+    incident = str(original.value["incidentId"])
+    steps = []
+    for step in original.value["steps"]:
+        steps.append(
+            {
+                **step,
+                "commandId": str(uuid.uuid4()),
+                "proposalId": proposal_id,
+                "idempotencyKey": f"{incident}:scale:{replicas}",
+                "replicas": replicas,
+            }
+        )
+    envelope = original.envelope.caused(PROPOSED, "/tests/another-agent")
+    value = {**original.value, "eventId": envelope.id, "proposalId": proposal_id, "steps": steps}
+    value["digest"] = command_digest(steps)
+    return value, envelope
+
+
+PROPOSED = "dev.flotilla.decisions.RecoveryProposed"

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from .fleet import APPROVER, VIEWER, Fleet, HttpError, Seen, Watch
+from flotilla.envelope import Envelope
+
+from .fleet import APPROVER, PROPOSED, VIEWER, Fleet, HttpError, Seen, Watch, counter_proposal, produce
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -120,3 +123,86 @@ def test_every_service_restarted_while_waiting_for_approval_resumes(fleet: Fleet
     watch.kind("RecoveryCompleted", incident, timeout=60)
     assert len(watch.of(incident, "HumanApprovalRequired")) == 1  # nothing replayed into a second request
     assert fleet.audit_verify()["ok"] is True
+
+
+def test_two_conflicting_proposals_for_one_resource_execute_once(fleet: Fleet, watch: Watch) -> None:
+    incident, first_request = awaiting_approval(fleet, watch)
+    first = watch.kind("RecoveryProposed", incident)
+    value, envelope = counter_proposal(first, replicas=10)
+    produce(fleet, "incidents", incident, PROPOSED, value, envelope)
+    second_request = watch.wait(
+        lambda s: s.kind == "HumanApprovalRequired" and s.value["proposalId"] == value["proposalId"],
+        what="approval request for the newer proposal",
+    )
+    # the older proposal is no longer current: approving it is refused
+    with pytest.raises(HttpError) as stale:
+        fleet.approve(str(first_request.value["proposalId"]), str(first_request.value["digest"]))
+    assert stale.value.status == 409
+    fleet.approve(str(second_request.value["proposalId"]), str(second_request.value["digest"]))
+    executed = watch.kind("RecoveryExecuted", incident)
+    assert executed.value["idempotencyKey"] == f"{incident}:scale:10"
+    watch.settle(3)
+    assert len(watch.of(incident, "RecoveryExecuted")) == 1
+
+
+def test_a_proposal_beyond_the_limits_is_denied(fleet: Fleet, watch: Watch) -> None:
+    incident, _ = awaiting_approval(fleet, watch)
+    first = watch.kind("RecoveryProposed", incident)
+    value, envelope = counter_proposal(first, replicas=40)
+    produce(fleet, "incidents", incident, PROPOSED, value, envelope)
+    denied = watch.kind("CommandDenied", incident)
+    assert any("20" in reason for reason in denied.value["reasons"]), denied.value
+    watch.settle(2)
+    assert not [s for s in watch.seen if s.topic == "commands" and s.value.get("incidentId") == incident]
+
+
+def test_a_redelivered_command_acts_once(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]))
+    command = watch.wait(lambda s: s.topic == "commands" and s.value.get("incidentId") == incident, what="command")
+    watch.kind("RecoveryExecuted", incident)
+    kind = f"dev.flotilla.commands.{command.kind}"
+    key = str(command.value["target"]["environment"]) + "/" + str(command.value["target"]["name"])
+    # the same record again (same ce_id), and the same command under a new record id
+    produce(fleet, "commands", key, kind, command.value, command.envelope)
+    again = Envelope(type=kind, source=command.envelope.source, correlationid=incident, hops=command.envelope.hops)
+    produce(fleet, "commands", key, kind, command.value, again)
+    watch.settle(4)
+    assert len(watch.of(incident, "RecoveryExecuted")) == 1
+    assert not watch.of(incident, "CommandFailed")
+
+
+def test_a_slow_diagnostic_job_outlives_a_restart_of_the_diagnostic_agent(fleet: Fleet, watch: Watch) -> None:
+    incident = open_incident(fleet, watch)
+    watch.kind("DiagnosticJobStarted", incident, timeout=60)
+    fleet.restart("diagnostic-agent")
+    watch.kind("DependencyFailureSuspected", incident, timeout=60)
+    watch.kind("HumanApprovalRequired", incident, timeout=60)
+    watch.settle(2)
+    assert len(watch.of(incident, "DependencyFailureSuspected")) == 1
+
+
+def test_the_executor_killed_mid_action_acts_exactly_once(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
+    fleet.sim("PUT", "/settings", {"actionSeconds": 3})
+    try:
+        fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]))
+        command = watch.wait(lambda s: s.topic == "commands" and s.value.get("incidentId") == incident, what="command")
+        key = str(command.value["idempotencyKey"])
+        deadline = time.monotonic() + 30
+        while True:  # the executor has called the sim: the action is in flight
+            assert time.monotonic() < deadline, "the executor never started the action"
+            try:
+                fleet.sim("GET", f"/actions/{key}")
+                break  # already applied: too late to kill mid-action, still a valid run
+            except HttpError:
+                if fleet.executor_pending(key):
+                    break
+            time.sleep(0.05)
+        fleet.kill("executor")
+        watch.kind("RecoveryExecuted", incident, timeout=90)
+    finally:
+        fleet.sim("PUT", "/settings", {"actionSeconds": 0.1})
+    watch.settle(3)
+    assert len(watch.of(incident, "RecoveryExecuted")) == 1
+    assert fleet.sim("GET", f"/actions/{key}")["status"] == "applied"

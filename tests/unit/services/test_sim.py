@@ -604,3 +604,16 @@ def test_many_holders_at_once_end_with_the_newest() -> None:
     assert _replicas(client) == 16
     assert _state(client).applied == statuses.count(200)
     assert _state(client).newest_token(CHECKOUT) == 16
+
+
+def test_action_time_can_be_changed_at_run_time() -> None:
+    from fastapi.testclient import TestClient
+
+    from services.sim.app import create_sim_app
+
+    client = TestClient(create_sim_app(action_seconds=0.0))
+    assert client.get("/settings").json() == {"actionSeconds": 0.0}
+    assert client.put("/settings", json={"actionSeconds": 1.5}).json() == {"actionSeconds": 1.5}
+    assert client.put("/settings", json={"actionSeconds": -1}).status_code == 422
+    assert client.put("/settings", json={"actionSeconds": "slow"}).status_code == 422
+    assert client.get("/settings").json() == {"actionSeconds": 1.5}
