@@ -1,0 +1,211 @@
+"""The tamper-evident chain: canonical entries, hash links, signatures, verification.
+
+Every audit entry is reduced to one canonical byte string (:func:`canonical`): a JSON
+object of *every* stored column that the service serves, keys sorted, no whitespace,
+ASCII only, bytes as base64 and times as ISO 8601 in UTC with microseconds. The entry's
+hash is ``SHA-256(previous hash || canonical entry)`` (the first entry links to 32 zero
+bytes), so changing, removing or reordering any entry breaks every link after it. The
+hash is signed with the service's Ed25519 key, so a person with write access to the
+database but not the key cannot recompute a consistent chain after an edit.
+
+This module is pure (no database, no Kafka): the recorder writes with it, the
+``/verify`` endpoint and the tests check with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+GENESIS = bytes(32)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One audited record as stored (hash, link and signature apart)."""
+
+    seq: int
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    kafka_timestamp_ms: int | None
+    headers: str  # canonical JSON of the record's headers, in order (see headers_json)
+    ce_id: str | None
+    ce_type: str | None
+    ce_source: str | None
+    ce_time: str | None
+    ce_correlationid: str | None
+    ce_causationid: str | None
+    record_type: str | None
+    value: bytes | None  # the record's value exactly as it was on the topic
+    value_json: str | None  # the decoded value (canonical JSON), when it decoded
+    decode_error: str | None
+    recorded_at: datetime
+
+
+def _encode(value: object) -> object:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("audit times must be timezone-aware")
+        return value.astimezone(UTC).isoformat(timespec="microseconds")
+    return value
+
+
+def canonical(entry: Entry) -> bytes:
+    """The one byte string an entry hashes to, whatever order or client read it."""
+    doc = {name: _encode(value) for name, value in asdict(entry).items()}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def link(previous: bytes, entry: Entry) -> bytes:
+    """This entry's hash: SHA-256 over the previous entry's hash and its canonical form."""
+    return hashlib.sha256(previous + canonical(entry)).digest()
+
+
+def headers_json(headers: Iterable[tuple[str, bytes | None]]) -> str:
+    """Headers as canonical JSON: ``[{"name", "value"}]`` for UTF-8 text without NULs,
+    ``[{"name", "base64"}]`` otherwise, ``value: null`` for a header without a value."""
+    items: list[dict[str, str | None]] = []
+    for name, raw in headers:
+        if raw is None:
+            items.append({"name": name, "value": None})
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or "\x00" in text:
+            items.append({"name": name, "base64": base64.b64encode(raw).decode("ascii")})
+        else:
+            items.append({"name": name, "value": text})
+    return json.dumps(items, separators=(",", ":"), ensure_ascii=True)
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """A short, stable name for a public key: the first 16 hex of SHA-256 of its raw bytes."""
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class Signer:
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        self.public_key = private_key.public_key()
+        self.key_id = key_id(self.public_key)
+
+    def sign(self, entry_hash: bytes) -> bytes:
+        return self._key.sign(entry_hash)
+
+    def public_pem(self) -> str:
+        return self.public_key.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode("ascii")
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """An entry with what the chain stored beside it."""
+
+    entry: Entry
+    prev_hash: bytes
+    entry_hash: bytes
+    signature: bytes
+    key_id: str
+
+
+def seal(previous: bytes, entry: Entry, signer: Signer) -> Sealed:
+    entry_hash = link(previous, entry)
+    return Sealed(entry, previous, entry_hash, signer.sign(entry_hash), signer.key_id)
+
+
+@dataclass(frozen=True)
+class Broken:
+    seq: int
+    problem: str
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    checked: int
+    last_seq: int
+    last_hash: bytes
+    broken: Broken | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "entriesChecked": self.checked,
+            "lastSeq": self.last_seq,
+            "lastHash": self.last_hash.hex(),
+            "firstBroken": None if self.broken is None else {"seq": self.broken.seq, "problem": self.broken.problem},
+        }
+
+
+class ChainVerifier:
+    """Walks sealed entries in seq order; stops at the first broken one.
+
+    Feed it entries (any number of batches) with :meth:`feed`, then :meth:`finish` with
+    the chain head the database recorded.
+    """
+
+    def __init__(self, public_key: Ed25519PublicKey) -> None:
+        self._public_key = public_key
+        self._key_id = key_id(public_key)
+        self._expected_seq = 1
+        self._hash = GENESIS
+        self._checked = 0
+        self.broken: Broken | None = None
+
+    def feed(self, sealed: Iterable[Sealed]) -> bool:
+        """Check more entries; False once the chain is broken (stop feeding)."""
+        for item in sealed:
+            if self.broken is not None:
+                return False
+            self.broken = self._check(item)
+            if self.broken is None:
+                self._checked += 1
+                self._expected_seq += 1
+                self._hash = item.entry_hash
+        return self.broken is None
+
+    def _check(self, item: Sealed) -> Broken | None:
+        seq = item.entry.seq
+        if seq != self._expected_seq:
+            return Broken(self._expected_seq, f"entry {self._expected_seq} is missing (next entry found is {seq})")
+        if item.prev_hash != self._hash:
+            return Broken(seq, "its previous-hash does not link to the entry before it")
+        if link(self._hash, item.entry) != item.entry_hash:
+            return Broken(seq, "its content does not match its hash (the entry was changed)")
+        if item.key_id != self._key_id:
+            return Broken(seq, f"it is signed with key {item.key_id}, not the current key {self._key_id}")
+        try:
+            self._public_key.verify(item.signature, item.entry_hash)
+        except InvalidSignature:
+            return Broken(seq, "its signature does not verify (the hash was recomputed without the key)")
+        return None
+
+    def finish(self, head_seq: int, head_hash: bytes) -> Verification:
+        """The verdict, after checking the last entry against the recorded chain head."""
+        last_seq = self._expected_seq - 1
+        if self.broken is None and (head_seq != last_seq or head_hash != self._hash):
+            self.broken = Broken(
+                last_seq + 1 if head_seq > last_seq else head_seq,
+                f"the chain head says entry {head_seq} is the last, the log ends at entry {last_seq}",
+            )
+        return Verification(self.broken is None, self._checked, last_seq, self._hash, self.broken)
+
+
+def verify(sealed: Iterable[Sealed], public_key: Ed25519PublicKey, head_seq: int, head_hash: bytes) -> Verification:
+    verifier = ChainVerifier(public_key)
+    verifier.feed(sealed)
+    return verifier.finish(head_seq, head_hash)

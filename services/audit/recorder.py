@@ -1,0 +1,215 @@
+"""Appending a batch of records to the chain: one writer at a time, one transaction.
+
+The batch's transaction first locks the chain head row, so appends from any thread or
+replica serialize and the chain stays linear; the lock is held until the batch commits
+(a batch is a few hundred rows and one round of pipelined INSERTs). A record already in
+the log (same topic/partition/offset: a redelivery after a crash between the commit and
+the offset commit) is skipped, not appended twice.
+
+A value is decoded through the registry when it can be; when it cannot (dead letters,
+poison, foreign bytes) the entry keeps the raw bytes and says why. Decoding failures
+caused by the registry being unreachable are *not* recorded as undecodable: they fail
+the batch, which is retried.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from confluent_kafka import Message
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from prometheus_client import Counter
+
+from flotilla.serde import AvroSerde, UndecodableRecordError
+from flotilla.workflow import Status
+from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
+from services.audit.timeline import event_time, next_status
+from services.dlq_reconciler.rawrecords import AfterCommit, first_header, headers_of, jsonable
+
+APPENDED = Counter("flotilla_audit_entries_total", "Records appended to the audit chain.", ["topic"])
+
+_INSERT = """
+INSERT INTO audit_log (seq, topic, partition, "offset", record_key, kafka_timestamp_ms, headers, ce_id, ce_type,
+    ce_source, ce_time, ce_correlationid, ce_causationid, record_type, record_value, value_json, decode_error,
+    recorded_at, prev_hash, entry_hash, signature, key_id)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+_UPSERT_INCIDENT = """
+INSERT INTO audit_incidents (incident_id, status, first_at, last_at, entries, first_seq, last_seq)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (incident_id) DO UPDATE SET status = EXCLUDED.status, first_at = EXCLUDED.first_at,
+    last_at = EXCLUDED.last_at, entries = EXCLUDED.entries, first_seq = EXCLUDED.first_seq,
+    last_seq = EXCLUDED.last_seq
+"""
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(jsonable(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+class Recorder:
+    """The raw loop's batch handler: records → sealed entries → the log."""
+
+    def __init__(self, serde: AvroSerde, signer: Signer, clock: Callable[[], datetime] | None = None) -> None:
+        self._serde = serde
+        self._signer = signer
+        self._clock = clock or (lambda: datetime.now(UTC))
+
+    def entry(self, msg: Message, seq: int, recorded_at: datetime) -> Entry:
+        headers = headers_of(msg.headers())
+        raw_value = msg.value()
+        value = raw_value.encode() if isinstance(raw_value, str) else raw_value
+        raw_key = msg.key()
+        key = raw_key.encode() if isinstance(raw_key, str) else raw_key
+        ce_type = first_header(headers, "ce_type")
+        record_type = value_json = decode_error = None
+        if value is None:
+            decode_error = "the record has no value"
+        else:
+            try:
+                decoded = self._serde.deserialize(value)
+            except UndecodableRecordError as exc:
+                decode_error = str(exc)[:2000]
+            except SchemaRegistryError as exc:
+                if not 400 <= (exc.http_status_code or 0) < 500:
+                    raise  # the registry is unwell: retry the batch rather than record a wrong verdict
+                decode_error = f"the registry refused the value's schema id: {exc}"[:2000]
+            else:
+                record_type = decoded.record_name
+                value_json = canonical_json(decoded.value)
+                if ce_type is not None and ce_type != record_type:
+                    decode_error = f"the value is a {record_type} but ce_type says {ce_type}"
+        kind, ts = msg.timestamp()
+        return Entry(
+            seq=seq,
+            topic=msg.topic() or "",
+            partition=msg.partition() or 0,
+            offset=msg.offset() or 0,
+            key=key,
+            kafka_timestamp_ms=ts if kind != 0 and ts >= 0 else None,  # 0: TIMESTAMP_NOT_AVAILABLE
+            headers=headers_json(headers),
+            ce_id=first_header(headers, "ce_id"),
+            ce_type=ce_type,
+            ce_source=first_header(headers, "ce_source"),
+            ce_time=first_header(headers, "ce_time"),
+            ce_correlationid=first_header(headers, "ce_correlationid"),
+            ce_causationid=first_header(headers, "ce_causationid"),
+            record_type=record_type,
+            value=value,
+            value_json=value_json,
+            decode_error=decode_error,
+            recorded_at=recorded_at,
+        )
+
+    def __call__(self, conn: psycopg.Connection[Any], msgs: list[Message]) -> AfterCommit:
+        head = conn.execute("SELECT seq, hash FROM audit_chain_head WHERE id = 1 FOR UPDATE").fetchone()
+        if head is None:
+            raise RuntimeError("audit_chain_head has no row: the migrations did not run")
+        seq, previous = int(head[0]), bytes(head[1])
+        present = _present(conn, msgs)
+        sealed: list[Sealed] = []
+        now = self._clock()
+        for msg in msgs:
+            coordinates = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+            if coordinates in present:
+                continue
+            present.add(coordinates)
+            seq += 1
+            item = seal(previous, self.entry(msg, seq, now), self._signer)
+            sealed.append(item)
+            previous = item.entry_hash
+        if sealed:
+            with conn.cursor() as cur:
+                cur.executemany(_INSERT, [_row(s) for s in sealed])
+            _project(conn, sealed)
+            conn.execute(
+                "UPDATE audit_chain_head SET seq = %s, hash = %s, updated_at = now() WHERE id = 1", (seq, previous)
+            )
+
+        def after() -> None:
+            for item in sealed:
+                APPENDED.labels(item.entry.topic).inc()
+
+        return after
+
+
+def _present(conn: psycopg.Connection[Any], msgs: Sequence[Message]) -> set[tuple[str, int, int]]:
+    rows = conn.execute(
+        'SELECT topic, partition, "offset" FROM audit_log WHERE (topic, partition, "offset") IN '
+        "(SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[]))",
+        (
+            [m.topic() or "" for m in msgs],
+            [m.partition() or 0 for m in msgs],
+            [m.offset() or 0 for m in msgs],
+        ),
+    ).fetchall()
+    return {(str(t), int(p), int(o)) for t, p, o in rows}
+
+
+def _row(item: Sealed) -> tuple[Any, ...]:
+    e = item.entry
+    return (
+        e.seq,
+        e.topic,
+        e.partition,
+        e.offset,
+        e.key,
+        e.kafka_timestamp_ms,
+        e.headers,
+        e.ce_id,
+        e.ce_type,
+        e.ce_source,
+        e.ce_time,
+        e.ce_correlationid,
+        e.ce_causationid,
+        e.record_type,
+        e.value,
+        e.value_json,
+        e.decode_error,
+        e.recorded_at,
+        item.prev_hash,
+        item.entry_hash,
+        item.signature,
+        item.key_id,
+    )
+
+
+def _project(conn: psycopg.Connection[Any], sealed: Sequence[Sealed]) -> None:
+    """Fold the new entries into the per-incident projection (status, first/last time)."""
+    incidents = sorted({s.entry.ce_correlationid for s in sealed if s.entry.ce_correlationid})
+    if not incidents:
+        return
+    rows = conn.execute(
+        "SELECT incident_id, status, first_at, last_at, entries, first_seq, last_seq FROM audit_incidents "
+        "WHERE incident_id = ANY(%s) ORDER BY incident_id FOR UPDATE",
+        (incidents,),
+    ).fetchall()
+    known: dict[str, list[Any]] = {str(r[0]): [Status(r[1]), *r[2:]] for r in rows}
+    for item in sealed:
+        e = item.entry
+        if not e.ce_correlationid:
+            continue
+        at = event_time(e.ce_time, e.kafka_timestamp_ms, e.recorded_at)
+        current = known.get(e.ce_correlationid)
+        if current is None:
+            known[e.ce_correlationid] = [next_status(Status.NEW, e.record_type, e.topic), at, at, 1, e.seq, e.seq]
+            continue
+        status, first_at, last_at, entries, first_seq, _ = current
+        known[e.ce_correlationid] = [
+            next_status(status, e.record_type, e.topic),
+            min(first_at, at),
+            max(last_at, at),
+            entries + 1,
+            first_seq,
+            e.seq,
+        ]
+    with conn.cursor() as cur:
+        cur.executemany(
+            _UPSERT_INCIDENT,
+            [(incident, v[0].value, *v[1:]) for incident, v in sorted(known.items()) if incident in incidents],
+        )

@@ -1,0 +1,62 @@
+"""The audit service as a :class:`flotilla.runner.ServiceSpec`.
+
+Why a raw consumer for every topic, not the runtime's decoding loop: an audit log's
+unit is the Kafka record (topic, partition, offset), not the business event. The
+decoding loop (a) dead-letters undecodable records before any handler runs, so poison
+on ``incidents``/``commands`` and every undecodable dead letter on ``*.dlq`` would never
+be audited; (b) dedupes by event id, so a re-queued record — which keeps its original
+``ce_id`` by design — and any duplicate delivery would be hidden from the log, even when
+an operator sanitized (changed) the value; and (c) reacts to records whose hop budget is
+spent by emitting LoopTerminated, which a service that publishes nothing must not do.
+So the audit runs one raw loop (consumer group ``audit``) over all four topics, decodes
+best-effort itself, and records every record exactly once by its coordinates; the spec
+declares no decoding-loop topics (``topics=()``), publishes nothing, and follows no
+workflow. Its batches commit to the database before their offsets, like the runtime's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from flotilla.runner import ServiceContext, ServiceSpec
+from services.audit import keys
+from services.audit.api import make_routes
+from services.audit.chain import Signer
+from services.audit.recorder import Recorder
+from services.audit.settings import AuditSettings, load_settings
+from services.dlq_reconciler.rawrecords import RawLoop
+
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
+
+
+def raw_loop(ctx: ServiceContext, settings: AuditSettings, signer: Signer, group: str | None = None) -> RawLoop:
+    return RawLoop(
+        group=group or ctx.spec.name,
+        topics=settings.audit_topics,
+        bootstrap=settings.kafka_bootstrap,
+        pool=ctx.pool,
+        handle=Recorder(ctx.serde, signer),
+    )
+
+
+def _consumer(settings: AuditSettings, signer: Signer) -> Callable[[ServiceContext], None]:
+    def record_every_topic(ctx: ServiceContext) -> None:
+        raw_loop(ctx, settings, signer).run(ctx.stopping)  # returns when the service stops
+
+    return record_every_topic
+
+
+def build_spec(settings: AuditSettings | None = None, signer: Signer | None = None) -> ServiceSpec:
+    settings = settings or load_settings()
+    signer = signer or Signer(keys.load_or_create(settings.signing_key_path))
+    return ServiceSpec(
+        name=settings.service_name,
+        database=settings.service_database,
+        topics=(),  # every audited topic is read raw, by the periodic task
+        migrations=MIGRATIONS,
+        periodic=((0.1, _consumer(settings, signer)),),
+        routes=make_routes(signer),
+        publishes=False,
+        loop={"follow_workflow": False},
+    )

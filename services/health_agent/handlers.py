@@ -1,0 +1,93 @@
+"""What the health agent does with consumed records: learn plans, count executed steps,
+open a verification window when a plan's last step has run.
+
+A proposal is done when every one of its commands has a RecoveryExecuted. The steps are
+learnt from the RecoveryProposed on the same topic (it precedes its executions in the
+incident's partition). Compensating executions (``compensates`` set) undo a plan and
+never start a verification.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+from psycopg.types.json import Jsonb
+
+from flotilla.handling import Handler, HandlerContext
+from flotilla.runner import ServiceContext
+
+log = logging.getLogger(__name__)
+
+RECOVERY_PROPOSED = "dev.flotilla.decisions.RecoveryProposed"
+RECOVERY_EXECUTED = "dev.flotilla.incidents.RecoveryExecuted"
+
+
+def on_proposed(ctx: HandlerContext) -> None:
+    value = ctx.incoming.value
+    ctx.conn.execute(
+        "INSERT INTO proposals (proposal_id, incident_id, command_ids, event_id) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (proposal_id) DO NOTHING",
+        (
+            str(value["proposalId"]),
+            value["incidentId"],
+            [str(step["commandId"]) for step in value["steps"]],
+            ctx.incoming.envelope.id,
+        ),
+    )
+
+
+def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Handler:
+    def on_executed(ctx: HandlerContext) -> None:
+        value = ctx.incoming.value
+        if value.get("compensates") is not None:
+            return  # undoing a plan, not completing one
+        proposal, incident = str(value["proposalId"]), value["incidentId"]
+        conn = ctx.conn
+        conn.execute(
+            "INSERT INTO executed_steps (proposal_id, command_id, incident_id, event_id) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (proposal, str(value["commandId"]), incident, ctx.incoming.envelope.id),
+        )
+        row = conn.execute(
+            "SELECT cardinality(p.command_ids) = (SELECT count(*) FROM executed_steps e "
+            "  WHERE e.proposal_id = p.proposal_id AND e.command_id = ANY(p.command_ids)) "
+            "FROM proposals p WHERE p.proposal_id = %s",
+            (proposal,),
+        ).fetchone()
+        if row is None:
+            # Never saw the plan: verify now rather than leave the incident hanging.
+            log.warning("RecoveryExecuted for unknown proposal %s of %s: verifying it as complete", proposal, incident)
+        elif not row[0]:
+            return  # more steps to come
+        where = conn.execute(
+            "SELECT environment, service FROM health_incidents WHERE incident_id = %s", (incident,)
+        ).fetchone()
+        environment, service = where if where is not None else (value["target"]["environment"], value["target"]["name"])
+        conn.execute(
+            "INSERT INTO verifications (proposal_id, incident_id, environment, service, started_at, window_seconds, "
+            "cause) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (proposal_id) DO NOTHING",
+            (proposal, incident, environment, service, clock(), window_seconds, Jsonb(asdict(ctx.incoming.envelope))),
+        )
+        log.info(
+            "%s: proposal %s executed; verifying %s/%s for %g s",
+            incident,
+            proposal,
+            environment,
+            service,
+            window_seconds,
+        )
+
+    return on_executed
+
+
+def make_handlers(window_seconds: float) -> Callable[[ServiceContext], Mapping[str, Handler]]:
+    def handlers(ctx: ServiceContext) -> Mapping[str, Handler]:
+        return {
+            RECOVERY_PROPOSED: on_proposed,
+            RECOVERY_EXECUTED: make_on_executed(window_seconds, lambda: datetime.now(UTC)),
+        }
+
+    return handlers

@@ -1,0 +1,70 @@
+-- The health agent's own tables (idempotent).
+
+-- Incident numbers: incident-<n>.
+CREATE SEQUENCE IF NOT EXISTS incident_number;
+
+-- Hysteresis state per watched service.
+CREATE TABLE IF NOT EXISTS detector_state (
+    environment       text             NOT NULL,
+    service           text             NOT NULL,
+    phase             text             NOT NULL,
+    breach_streak     integer          NOT NULL,
+    healthy_streak    integer          NOT NULL,
+    breach_started_at timestamptz,
+    open_incident     text,
+    last_p95_ms       double precision,
+    threshold_ms      double precision,
+    last_scraped_at   timestamptz,
+    PRIMARY KEY (environment, service)
+);
+
+-- Incidents this agent opened; at most one per service while its breach lasts.
+CREATE TABLE IF NOT EXISTS health_incidents (
+    incident_id        text             PRIMARY KEY,
+    environment        text             NOT NULL,
+    service            text             NOT NULL,
+    p95_ms             double precision NOT NULL,
+    threshold_ms       double precision NOT NULL,
+    opened_at          timestamptz      NOT NULL,
+    latency_event_id   uuid             NOT NULL,
+    diagnosis_event_id uuid             NOT NULL,
+    cleared_at         timestamptz
+);
+CREATE UNIQUE INDEX IF NOT EXISTS health_incidents_one_per_breach_idx
+    ON health_incidents (environment, service) WHERE cleared_at IS NULL;
+
+-- Proposals (their steps) and the steps executed, to know when a plan is done.
+CREATE TABLE IF NOT EXISTS proposals (
+    proposal_id uuid        PRIMARY KEY,
+    incident_id text        NOT NULL,
+    command_ids uuid[]      NOT NULL,
+    event_id    uuid        NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS executed_steps (
+    proposal_id uuid        NOT NULL,
+    command_id  uuid        NOT NULL,
+    incident_id text        NOT NULL,
+    event_id    uuid        NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (proposal_id, command_id)
+);
+
+-- One verification window per executed proposal; decided exactly once.
+CREATE TABLE IF NOT EXISTS verifications (
+    proposal_id      uuid             PRIMARY KEY,
+    incident_id      text             NOT NULL,
+    environment      text             NOT NULL,
+    service          text             NOT NULL,
+    started_at       timestamptz      NOT NULL,
+    window_seconds   double precision NOT NULL,
+    cause            jsonb            NOT NULL,  -- envelope of the last RecoveryExecuted
+    run_started_at   timestamptz,
+    run_max_p95_ms   double precision,
+    last_sample_at   timestamptz,
+    outcome          text CHECK (outcome IN ('completed', 'failed', 'unverifiable')),
+    outcome_reason   text,
+    outcome_event_id uuid,
+    decided_at       timestamptz
+);
+CREATE INDEX IF NOT EXISTS verifications_open_idx ON verifications (started_at) WHERE outcome IS NULL;

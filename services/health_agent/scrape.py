@@ -1,0 +1,329 @@
+"""The health agent's periodic task: scrape, detect breaches, decide verifications.
+
+Each tick reads the sim's metrics once, then
+
+1. per watched service, in its own transaction: locks the service's detector row,
+   applies the hysteresis (:mod:`.detector`) and, when a breach is confirmed, opens an
+   incident — ``incident-<n>`` from a sequence, ServiceLatencyIncreased then
+   DiagnosisRequested (caused by it) in the outbox, in the same transaction as the
+   incident row. A partial unique index allows one open incident per service, so a
+   breach that goes on never opens a second one, whatever the process does;
+2. per open verification window, in its own transaction (``FOR UPDATE SKIP LOCKED``):
+   folds the new sample in (:mod:`.verification`) and, once decided, writes the outcome
+   and emits RecoveryCompleted, RecoveryFailed (stage VERIFICATION, compensation
+   required) or — when nothing could be observed — IncidentEscalated. The outcome
+   column is written in the same transaction as the record and is checked under the
+   row lock, so each window emits exactly once.
+
+One service's failure (say, a record its values make invalid) does not stop the others:
+every unit has its own transaction, and a failing one is logged and retried next tick.
+Several replicas may run this task: row locks serialize them, and a detector row scraped
+less than half an interval ago is left alone, so scrapes are not double-counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+import psycopg
+from prometheus_client import Counter
+from psycopg.rows import dict_row
+
+from flotilla.envelope import Envelope
+from flotilla.runner import ServiceContext
+from services.health_agent.detector import Change, DetectorState, Hysteresis, Phase, is_breaching, observe
+from services.health_agent.metrics_source import Sample, ScrapeError, SimMetrics
+from services.health_agent.settings import HealthSettings
+from services.health_agent.verification import Outcome, Verdict, Window, observe_nothing
+from services.health_agent.verification import observe as observe_window
+
+log = logging.getLogger(__name__)
+
+SERVICE_LATENCY_INCREASED = "dev.flotilla.incidents.ServiceLatencyIncreased"
+DIAGNOSIS_REQUESTED = "dev.flotilla.incidents.DiagnosisRequested"
+RECOVERY_COMPLETED = "dev.flotilla.incidents.RecoveryCompleted"
+RECOVERY_FAILED = "dev.flotilla.incidents.RecoveryFailed"
+INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
+ESCALATE_TO = "on-call"
+
+INCIDENTS_OPENED = Counter(
+    "flotilla_health_incidents_opened_total", "Incidents opened by the health agent.", ["service"]
+)
+VERIFICATIONS = Counter(
+    "flotilla_health_verifications_total", "Recovery verifications decided, by verdict.", ["service", "verdict"]
+)
+SCRAPE_FAILURES = Counter("flotilla_health_scrape_failures_total", "Scrapes of the metrics source that failed.")
+
+
+class Scraper:
+    """The periodic task (one instance per process; it keeps no state between ticks)."""
+
+    __name__ = "health_scrape"
+
+    def __init__(self, settings: HealthSettings, source: SimMetrics | None = None) -> None:
+        self._settings = settings
+        self._source = source or SimMetrics(
+            settings.sim_url,
+            timeout=settings.health_scrape_timeout_seconds,
+            default_environment=settings.health_default_environment,
+        )
+        self._rule = Hysteresis(settings.health_breach_scrapes, settings.health_clear_scrapes)
+        self._interval = timedelta(seconds=settings.health_scrape_seconds)
+        self._max_gap = max(3 * self._interval, timedelta(seconds=1))
+        self._failing = False
+
+    def __call__(self, ctx: ServiceContext) -> None:
+        now = ctx.now()
+        samples: list[Sample] | None
+        try:
+            samples = self._source.scrape()
+        except ScrapeError as exc:
+            SCRAPE_FAILURES.inc()
+            if not self._failing:
+                log.warning("cannot scrape metrics: %s", exc)
+            self._failing = True
+            samples = None
+        else:
+            if self._failing:
+                log.info("metrics scrape works again")
+            self._failing = False
+        for sample in samples or ():
+            self._unit(f"detect {sample.environment}/{sample.service}", partial(self._detect, ctx, sample, now))
+        by_key = {s.key: s for s in samples or ()}
+        for proposal in self._open_windows(ctx):
+            self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, samples is not None))
+
+    @staticmethod
+    def _unit(what: str, run: Callable[[], None]) -> None:
+        try:
+            run()
+        except psycopg.OperationalError:
+            raise  # the database is gone: the whole tick fails and is retried
+        except Exception:
+            log.exception("%s failed; retried next tick", what)
+
+    # ------------------------------------------------------------ detection
+
+    def _detect(self, ctx: ServiceContext, sample: Sample, now: datetime) -> None:
+        with ctx.pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(
+                "INSERT INTO detector_state (environment, service, phase, breach_streak, healthy_streak) "
+                "VALUES (%s, %s, %s, 0, 0) ON CONFLICT DO NOTHING",
+                (sample.environment, sample.service, Phase.HEALTHY.value),
+            )
+            row = cur.execute(
+                "SELECT * FROM detector_state WHERE environment = %s AND service = %s FOR UPDATE",
+                sample.key,
+            ).fetchone()
+            assert row is not None
+            last = row["last_scraped_at"]
+            if last is not None and now - last < self._interval / 2:
+                return  # another replica just counted this scrape
+            state = DetectorState(
+                Phase(row["phase"]), row["breach_streak"], row["healthy_streak"], row["breach_started_at"]
+            )
+            state, change = observe(
+                state, breaching=is_breaching(sample.p95_ms, sample.threshold_ms), at=now, rule=self._rule
+            )
+            incident = row["open_incident"]
+            if change is Change.OPENED:
+                incident = self._open_incident(ctx, conn, sample, state, now)
+            elif change is Change.CLEARED and incident is not None:
+                cur.execute("UPDATE health_incidents SET cleared_at = %s WHERE incident_id = %s", (now, incident))
+                log.info("%s: breach of %s/%s is over", incident, sample.environment, sample.service)
+                incident = None
+            cur.execute(
+                "UPDATE detector_state SET phase = %s, breach_streak = %s, healthy_streak = %s, "
+                "breach_started_at = %s, open_incident = %s, last_p95_ms = %s, threshold_ms = %s, "
+                "last_scraped_at = %s WHERE environment = %s AND service = %s",
+                (
+                    state.phase.value,
+                    state.breach_streak,
+                    state.healthy_streak,
+                    state.breach_started_at,
+                    incident,
+                    sample.p95_ms,
+                    sample.threshold_ms,
+                    now,
+                    *sample.key,
+                ),
+            )
+
+    def _open_incident(
+        self, ctx: ServiceContext, conn: psycopg.Connection[Any], sample: Sample, state: DetectorState, now: datetime
+    ) -> str:
+        number = conn.execute("SELECT nextval('incident_number')").fetchone()
+        assert number is not None
+        incident = f"incident-{number[0]}"
+        started = state.breach_started_at or now
+        window = max(1, math.ceil((now - started).total_seconds()))
+        topic = self._settings.incidents_topic
+        latency = ctx.emit(
+            conn,
+            topic=topic,
+            key=incident,
+            record_type=SERVICE_LATENCY_INCREASED,
+            value={
+                "incidentId": incident,
+                "service": sample.service,
+                "environment": sample.environment,
+                "p95LatencyMs": sample.p95_ms,
+                "thresholdMs": sample.threshold_ms,
+                "windowSeconds": window,
+                "observedAt": now,
+            },
+            correlation=incident,
+        )
+        diagnosis = ctx.emit(
+            conn,
+            topic=topic,
+            key=incident,
+            record_type=DIAGNOSIS_REQUESTED,
+            value={
+                "incidentId": incident,
+                "service": sample.service,
+                "environment": sample.environment,
+                "symptom": (
+                    f"p95 {sample.p95_ms:.0f} ms against a {sample.threshold_ms:.0f} ms threshold "
+                    f"for {window} s ({state.breach_streak} consecutive scrapes)"
+                ),
+                "triggerEventId": latency.id,
+                "requestedAt": now,
+            },
+            correlation=incident,
+            cause=latency,
+        )
+        conn.execute(
+            "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
+            "latency_event_id, diagnosis_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            (incident, *sample.key, sample.p95_ms, sample.threshold_ms, now, latency.id, diagnosis.id),
+        )
+        INCIDENTS_OPENED.labels(sample.service).inc()
+        log.warning(
+            "%s opened: %s/%s p95 %.0f ms > %.0f ms",
+            incident,
+            sample.environment,
+            sample.service,
+            sample.p95_ms,
+            sample.threshold_ms,
+        )
+        return incident
+
+    # --------------------------------------------------------- verification
+
+    @staticmethod
+    def _open_windows(ctx: ServiceContext) -> list[str]:
+        with ctx.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT proposal_id FROM verifications WHERE outcome IS NULL ORDER BY started_at"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def _verify(
+        self,
+        ctx: ServiceContext,
+        proposal: str,
+        samples: Mapping[tuple[str, str], Sample],
+        now: datetime,
+        scraped: bool,
+    ) -> None:
+        with ctx.pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                "SELECT * FROM verifications WHERE proposal_id = %s AND outcome IS NULL FOR UPDATE SKIP LOCKED",
+                (proposal,),
+            ).fetchone()
+            if row is None:
+                return  # decided meanwhile, or another replica holds it
+            window = Window(
+                started_at=row["started_at"],
+                length=timedelta(seconds=row["window_seconds"]),
+                run_started_at=row["run_started_at"],
+                run_max_p95=row["run_max_p95_ms"],
+                last_sample_at=row["last_sample_at"],
+            )
+            sample = samples.get((row["environment"], row["service"])) if scraped else None
+            outcome: Outcome | None
+            if sample is None:
+                outcome = observe_nothing(window, at=now)
+            else:
+                window, outcome = observe_window(
+                    window, p95_ms=sample.p95_ms, threshold_ms=sample.threshold_ms, at=now, max_gap=self._max_gap
+                )
+            event_id = None
+            if outcome is not None:
+                event_id = self._emit_outcome(ctx, conn, row, window, outcome, now)
+            cur.execute(
+                "UPDATE verifications SET run_started_at = %s, run_max_p95_ms = %s, last_sample_at = %s, "
+                "outcome = %s, outcome_reason = %s, outcome_event_id = %s, decided_at = %s WHERE proposal_id = %s",
+                (
+                    window.run_started_at,
+                    window.run_max_p95,
+                    window.last_sample_at,
+                    None if outcome is None else outcome.verdict.value,
+                    None if outcome is None else outcome.reason,
+                    event_id,
+                    None if outcome is None else now,
+                    proposal,
+                ),
+            )
+        if outcome is not None:
+            VERIFICATIONS.labels(row["service"], outcome.verdict.value).inc()
+            log.info(
+                "%s: verification of proposal %s %s: %s", row["incident_id"], proposal, outcome.verdict, outcome.reason
+            )
+
+    def _emit_outcome(
+        self,
+        ctx: ServiceContext,
+        conn: psycopg.Connection[Any],
+        row: Mapping[str, Any],
+        window: Window,
+        outcome: Outcome,
+        now: datetime,
+    ) -> str:
+        incident = row["incident_id"]
+        cause = Envelope(**row["cause"])  # the last RecoveryExecuted of the plan
+        seconds = max(1, math.ceil(window.length.total_seconds()))
+        topic = self._settings.incidents_topic
+        if outcome.verdict is Verdict.COMPLETED:
+            record_type = RECOVERY_COMPLETED
+            value: dict[str, Any] = {
+                "incidentId": incident,
+                "proposalId": str(row["proposal_id"]),
+                "service": row["service"],
+                "p95LatencyMs": outcome.p95_ms,
+                "thresholdMs": outcome.threshold_ms,
+                "windowSeconds": seconds,
+                "completedAt": now,
+            }
+        elif outcome.verdict is Verdict.FAILED:
+            record_type = RECOVERY_FAILED
+            value = {
+                "incidentId": incident,
+                "proposalId": str(row["proposal_id"]),
+                "stage": "VERIFICATION",
+                "reason": outcome.reason,
+                "failedCommandId": None,
+                "p95LatencyMs": outcome.p95_ms,
+                "compensationRequired": True,
+                "failedAt": now,
+            }
+        else:
+            record_type = INCIDENT_ESCALATED
+            value = {
+                "incidentId": incident,
+                "reason": f"recovery could not be verified: {outcome.reason}",
+                "causeEventId": cause.id,
+                "causeType": cause.type,
+                "escalatedTo": ESCALATE_TO,
+                "escalatedAt": now,
+            }
+        envelope = ctx.emit(
+            conn, topic=topic, key=incident, record_type=record_type, value=value, correlation=incident, cause=cause
+        )
+        return envelope.id

@@ -1,0 +1,100 @@
+"""Verifying a recovery over a window. Pure: no clock, no I/O.
+
+After the last step of a proposal ran, the window opens (``started_at``, length W):
+
+- **completed** as soon as p95 has stayed at or under the threshold on every scrape for
+  W seconds in a row, all of it after the window opened (reported p95: the highest seen
+  in that run, the conservative figure);
+- **failed** when a scrape at or after the end of the window (``started_at + W``) still
+  breaches: the service did not recover in the time it was given. A breach *inside* the
+  window only restarts the healthy run — the fix may take a moment to bite;
+- **unverifiable** when neither happened by ``started_at + 3W`` — no samples of the
+  service arrived, or gaps between them kept breaking the healthy run: nothing can be
+  said, and a person must look (it is not *failed*: compensating a fix because the
+  metrics are down could make things worse).
+
+A gap between samples longer than ``max_gap`` restarts the healthy run: "stayed under"
+must be observed, not assumed across missing scrapes. With regular samples a window is
+decided by ``started_at + 2W`` plus one scrape; every window is decided by ``+ 3W``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from services.health_agent.detector import is_breaching
+
+
+class Verdict(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    UNVERIFIABLE = "unverifiable"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    p95_ms: float | None
+    threshold_ms: float | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Window:
+    started_at: datetime
+    length: timedelta
+    run_started_at: datetime | None = None  # first sample of the current healthy run
+    run_max_p95: float | None = None
+    last_sample_at: datetime | None = None
+
+    @property
+    def ends_at(self) -> datetime:
+        return self.started_at + self.length
+
+    @property
+    def gives_up_at(self) -> datetime:
+        return self.started_at + 3 * self.length
+
+
+def observe(
+    window: Window, *, p95_ms: float, threshold_ms: float, at: datetime, max_gap: timedelta
+) -> tuple[Window, Outcome | None]:
+    """Fold one sample into the window; an Outcome when the verification is decided."""
+    if at < window.started_at:
+        return window, None  # taken before the last step ran: says nothing about it
+    run_start, run_max = window.run_started_at, window.run_max_p95
+    if window.last_sample_at is not None and at - window.last_sample_at > max_gap:
+        run_start, run_max = None, None  # not observed in between: start over
+    window = replace(window, last_sample_at=at)
+    if is_breaching(p95_ms, threshold_ms):
+        window = replace(window, run_started_at=None, run_max_p95=None)
+        if at >= window.ends_at:
+            reason = (
+                f"p95 {p95_ms:.0f} ms is still above the {threshold_ms:.0f} ms threshold "
+                f"{window.length.total_seconds():g} s after the recovery ran"
+            )
+            return window, Outcome(Verdict.FAILED, p95_ms, threshold_ms, reason)
+        return window, None
+    if run_start is None:
+        run_start, run_max = at, p95_ms
+    else:
+        run_max = max(run_max or p95_ms, p95_ms)
+    window = replace(window, run_started_at=run_start, run_max_p95=run_max)
+    if at - run_start >= window.length:
+        reason = f"p95 stayed at or under {threshold_ms:.0f} ms for {window.length.total_seconds():g} s"
+        return window, Outcome(Verdict.COMPLETED, run_max, threshold_ms, reason)
+    if at >= window.gives_up_at:
+        reason = "gaps in the latency samples kept the healthy run shorter than the window"
+        return window, Outcome(Verdict.UNVERIFIABLE, p95_ms, threshold_ms, reason)
+    return window, None
+
+
+def observe_nothing(window: Window, *, at: datetime) -> Outcome | None:
+    """No sample of the service this time; unverifiable once the window has run out."""
+    if at >= window.gives_up_at:
+        seen = "no" if window.last_sample_at is None else "too few"
+        reason = f"{seen} latency samples of the service within {3 * window.length.total_seconds():g} s of the recovery"
+        return Outcome(Verdict.UNVERIFIABLE, None, None, reason)
+    return None

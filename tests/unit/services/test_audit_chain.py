@@ -1,0 +1,338 @@
+"""The audit chain without the stack: canonical entries, links, signatures, tampering,
+the signing key file, and the incident views derived from the log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from flotilla.workflow import Status
+from services.audit import keys
+from services.audit.chain import (
+    GENESIS,
+    ChainVerifier,
+    Entry,
+    Sealed,
+    Signer,
+    canonical,
+    headers_json,
+    link,
+    seal,
+    verify,
+)
+from services.audit.timeline import TimelineRow, event_time, next_status, timeline
+
+T0 = datetime(2025, 3, 1, 9, 30, 0, 123456, tzinfo=UTC)
+FACT = "dev.flotilla.incidents."
+
+
+def entry(seq: int, **overrides: object) -> Entry:
+    base = Entry(
+        seq=seq,
+        topic="incidents",
+        partition=2,
+        offset=100 + seq,
+        key=b"incident-7",
+        kafka_timestamp_ms=1_740_821_400_000 + seq,
+        headers=headers_json([("ce_id", f"id-{seq}".encode()), ("ce_type", b"T")]),
+        ce_id=f"id-{seq}",
+        ce_type=FACT + "ServiceLatencyIncreased",
+        ce_source="/flotilla/health-agent",
+        ce_time="2025-03-01T09:30:00.000Z",
+        ce_correlationid="incident-7",
+        ce_causationid=None,
+        record_type=FACT + "ServiceLatencyIncreased",
+        value=b"\x00\x00\x00\x00\x01payload",
+        value_json='{"p95LatencyMs":1800.0}',
+        decode_error=None,
+        recorded_at=T0 + timedelta(seconds=seq),
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def signer() -> Signer:
+    return Signer(Ed25519PrivateKey.generate())
+
+
+def chain(signer: Signer, n: int) -> list[Sealed]:
+    sealed, previous = [], GENESIS
+    for seq in range(1, n + 1):
+        item = seal(previous, entry(seq), signer)
+        sealed.append(item)
+        previous = item.entry_hash
+    return sealed
+
+
+def check(signer: Signer, sealed: list[Sealed], head: Sealed | None = None) -> tuple[bool, int | None, str]:
+    last = head or (sealed[-1] if sealed else None)
+    result = verify(sealed, signer.public_key, last.entry.seq if last else 0, last.entry_hash if last else GENESIS)
+    broken = result.broken
+    return result.ok, None if broken is None else broken.seq, "" if broken is None else broken.problem
+
+
+# ----------------------------------------------------------------- hashing
+
+
+def test_canonical_form_is_sorted_compact_ascii_json() -> None:
+    text = canonical(entry(1)).decode("ascii")
+    doc = json.loads(text)
+    assert list(doc) == sorted(doc)
+    assert ", " not in text and ": " not in text
+    assert doc["key"] == "aW5jaWRlbnQtNw=="  # bytes as base64
+    assert doc["recorded_at"] == "2025-03-01T09:30:01.123456+00:00"
+
+
+def test_canonical_form_does_not_depend_on_the_time_zone_a_client_reads_in() -> None:
+    utc = entry(1)
+    elsewhere = replace(utc, recorded_at=utc.recorded_at.astimezone(timezone(timedelta(hours=-5))))
+    assert canonical(utc) == canonical(elsewhere)
+
+
+def test_canonical_form_refuses_naive_times() -> None:
+    with pytest.raises(ValueError):
+        canonical(entry(1, recorded_at=datetime(2025, 1, 1)))
+
+
+def test_link_is_sha256_of_previous_hash_and_canonical_entry() -> None:
+    e = entry(1)
+    assert link(GENESIS, e) == hashlib.sha256(GENESIS + canonical(e)).digest()
+
+
+def test_every_field_is_covered_by_the_hash() -> None:
+    base = entry(3)
+    changes: dict[str, object] = {
+        "topic": "commands",
+        "partition": 0,
+        "offset": 1,
+        "key": b"other",
+        "kafka_timestamp_ms": 1,
+        "headers": "[]",
+        "ce_id": "x",
+        "ce_type": "x",
+        "ce_source": "x",
+        "ce_time": "x",
+        "ce_correlationid": "incident-8",
+        "ce_causationid": "x",
+        "record_type": "x",
+        "value": b"other",
+        "value_json": '{"p95LatencyMs":180.0}',
+        "decode_error": "x",
+        "recorded_at": T0,
+    }
+    assert set(changes) | {"seq"} == set(base.__dataclass_fields__)
+    for name, value in changes.items():
+        assert link(GENESIS, replace(base, **{name: value})) != link(GENESIS, base), name  # type: ignore[arg-type]
+
+
+def test_headers_json_keeps_order_and_bytes_that_are_not_text() -> None:
+    rendered = json.loads(headers_json([("b", b"2"), ("a", b"\xff\x00"), ("c", None), ("b", b"nul\x00")]))
+    assert rendered == [
+        {"name": "b", "value": "2"},
+        {"name": "a", "base64": "/wA="},
+        {"name": "c", "value": None},
+        {"name": "b", "base64": "bnVsAA=="},
+    ]
+
+
+# ----------------------------------------------------------- verification
+
+
+def test_an_intact_chain_verifies(signer: Signer) -> None:
+    sealed = chain(signer, 5)
+    assert check(signer, sealed) == (True, None, "")
+
+
+def test_an_empty_chain_verifies(signer: Signer) -> None:
+    assert check(signer, []) == (True, None, "")
+
+
+def test_signatures_are_ed25519_over_the_entry_hash(signer: Signer) -> None:
+    item = chain(signer, 1)[0]
+    signer.public_key.verify(item.signature, item.entry_hash)  # raises if not
+    assert item.key_id == signer.key_id and len(item.key_id) == 16
+
+
+def test_a_changed_entry_is_detected_at_that_entry(signer: Signer) -> None:
+    sealed = chain(signer, 5)
+    tampered = replace(sealed[2], entry=replace(sealed[2].entry, value_json='{"p95LatencyMs":180.0}'))
+    ok, seq, problem = check(signer, [*sealed[:2], tampered, *sealed[3:]])
+    assert (ok, seq) == (False, 3)
+    assert "content does not match its hash" in problem
+
+
+def test_a_recomputed_hash_without_the_key_is_detected_by_the_signature(signer: Signer) -> None:
+    sealed = chain(signer, 5)
+    changed = replace(sealed[2].entry, ce_correlationid="incident-other")
+    forged = replace(sealed[2], entry=changed, entry_hash=link(sealed[1].entry_hash, changed))
+    ok, seq, problem = check(signer, [*sealed[:2], forged, *sealed[3:]])
+    assert (ok, seq) == (False, 3)
+    assert "signature" in problem
+
+
+def test_a_whole_chain_rebuilt_with_another_key_is_detected(signer: Signer) -> None:
+    forger = Signer(Ed25519PrivateKey.generate())
+    forged = chain(forger, 3)
+    ok, seq, problem = check(signer, forged)
+    assert (ok, seq) == (False, 1)
+    assert "signed with key" in problem
+
+
+def test_a_deleted_entry_is_detected(signer: Signer) -> None:
+    sealed = chain(signer, 5)
+    ok, seq, problem = check(signer, [*sealed[:2], *sealed[3:]])
+    assert (ok, seq) == (False, 3)
+    assert "missing" in problem
+
+
+def test_reordered_entries_are_detected(signer: Signer) -> None:
+    sealed = chain(signer, 4)
+    ok, seq, _ = check(signer, [sealed[0], sealed[2], sealed[1], sealed[3]])
+    assert (ok, seq) == (False, 2)
+
+
+def test_a_relinked_entry_is_detected(signer: Signer) -> None:
+    sealed = chain(signer, 3)
+    relinked = replace(sealed[1], prev_hash=GENESIS)
+    ok, seq, problem = check(signer, [sealed[0], relinked, sealed[2]])
+    assert (ok, seq) == (False, 2)
+    assert "previous-hash" in problem
+
+
+def test_entries_cut_off_the_end_are_detected_against_the_chain_head(signer: Signer) -> None:
+    sealed = chain(signer, 5)
+    ok, seq, problem = check(signer, sealed[:3], head=sealed[4])
+    assert (ok, seq) == (False, 4)
+    assert "chain head" in problem
+
+
+def test_the_verifier_takes_entries_in_batches_and_stops_at_the_first_break(signer: Signer) -> None:
+    sealed = chain(signer, 6)
+    tampered = replace(sealed[1], entry=replace(sealed[1].entry, offset=999))
+    verifier = ChainVerifier(signer.public_key)
+    assert verifier.feed(sealed[:1]) is True
+    assert verifier.feed([tampered, *sealed[2:4]]) is False
+    result = verifier.finish(6, sealed[-1].entry_hash)
+    assert (result.ok, result.checked, result.broken) == (False, 1, result.broken)
+    assert result.broken is not None and result.broken.seq == 2
+    assert result.as_json()["firstBroken"] == {"seq": 2, "problem": result.broken.problem}
+
+
+# ------------------------------------------------------------ signing key
+
+
+def test_the_signing_key_is_created_once_with_mode_0600(tmp_path: Path) -> None:
+    path = tmp_path / "audit" / "signing-key.pem"
+    first = keys.load_or_create(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    again = keys.load_or_create(path)
+    assert Signer(first).key_id == Signer(again).key_id
+
+
+def test_a_file_that_is_not_an_ed25519_key_is_refused(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    path = tmp_path / "ec.pem"
+    other = ec.generate_private_key(ec.SECP256R1())
+    path.write_bytes(other.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    with pytest.raises(ValueError, match="Ed25519"):
+        keys.load_or_create(path)
+
+
+# --------------------------------------------------------------- timelines
+
+
+def test_status_follows_the_incident_workflow_and_ignores_dead_letters_and_repeats() -> None:
+    status = Status.NEW
+    for record_type, topic in [
+        (FACT + "ServiceLatencyIncreased", "incidents"),
+        (FACT + "ServiceLatencyIncreased", "incidents"),  # a duplicate: no second transition
+        (FACT + "DiagnosisRequested", "incidents"),
+        ("dev.flotilla.decisions.DependencyFailureSuspected", "incidents.dlq"),  # dead: not applied
+        ("dev.flotilla.commands.ScaleService", "commands"),  # not a workflow record
+        (None, "incidents"),  # undecodable
+    ]:
+        status = next_status(status, record_type, topic)
+    assert status is Status.DIAGNOSING
+
+
+def test_event_time_prefers_ce_time_then_kafka_time_then_recording_time() -> None:
+    assert event_time("2025-03-01T09:30:00.250Z", 1, T0) == datetime(2025, 3, 1, 9, 30, 0, 250000, tzinfo=UTC)
+    assert event_time("not a time", 1_740_821_400_000, T0) == datetime.fromtimestamp(1_740_821_400, tz=UTC)
+    assert event_time(None, None, T0) == T0
+
+
+def _row(seq: int, at_ms: int, **kw: object) -> TimelineRow:
+    base = TimelineRow(
+        seq=seq,
+        topic="incidents",
+        partition=0,
+        offset=seq,
+        ce_id=f"e{seq}",
+        ce_type=FACT + "X",
+        ce_source="/flotilla/x",
+        ce_causationid=None,
+        record_type=FACT + "X",
+        at=T0 + timedelta(milliseconds=at_ms),
+        value_json='{"a":1}',
+        value=b"raw",
+        decode_error=None,
+        headers="[]",
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_timeline_is_in_event_order_with_elapsed_time_and_causes() -> None:
+    rows = [
+        _row(1, 0, record_type=FACT + "ServiceLatencyIncreased"),
+        _row(3, 900, ce_causationid="e2", topic="commands", record_type="dev.flotilla.commands.ScaleService"),
+        _row(2, 40, ce_causationid="e1", record_type=FACT + "DiagnosisRequested"),
+    ]
+    entries = timeline(rows)
+    assert [e["seq"] for e in entries] == [1, 2, 3]
+    assert [e["elapsedMs"] for e in entries] == [0, 40, 900]
+    assert entries[0]["causedBy"] is None
+    assert entries[1]["causedBy"] == {"seq": 1, "type": FACT + "ServiceLatencyIncreased", "eventId": "e1"}
+    assert entries[2]["causedBy"]["seq"] == 2
+    assert entries[0]["value"] == {"a": 1}
+
+
+def test_timeline_shows_dead_letters_with_their_context_and_raw_bytes() -> None:
+    context = json.dumps([{"name": "ce_id", "value": "e1"}, {"name": "dlq_reason", "value": "undecodable"}])
+    rows = [
+        _row(1, 0),
+        _row(2, 10, topic="incidents.dlq", ce_id="e1", value_json=None, record_type=None, headers=context),
+        _row(3, 20, ce_causationid="e1"),
+    ]
+    entries = timeline(rows)
+    dead = entries[1]
+    assert dead["deadLetter"] == {"reason": "undecodable"}
+    assert dead["valueBase64"] == "cmF3" and dead["value"] is None
+    assert dead["type"] == FACT + "X"  # what ce_type claimed
+    assert entries[2]["causedBy"]["seq"] == 1  # causes point at the original, not its dead letter
+
+
+def test_audit_settings_default_to_every_topic_and_a_key_beside_the_stack_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from services.audit.settings import load_settings
+
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
+        monkeypatch.delenv(name)
+
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / ".stack" / "stack.env"))
+    settings = load_settings()
+    assert settings.audit_topics == ("incidents", "commands", "incidents.dlq", "commands.dlq")
+    assert settings.signing_key_path == tmp_path / ".stack" / "audit" / "signing-key.pem"
+    monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "k.pem"))
+    assert load_settings().signing_key_path == tmp_path / "k.pem"

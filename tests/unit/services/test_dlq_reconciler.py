@@ -1,0 +1,319 @@
+"""The DLQ reconciler without the stack: reading dead letters, the quarantine fact, and
+re-queue validation (schema, identity, envelope), plus operator authentication."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from fastavro import parse_schema
+
+from flotilla import deadletter
+from flotilla.contracts import load_contracts, subject_for
+from flotilla.envelope import Envelope
+from flotilla.serde import AvroSerde
+from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
+from flotilla.validation import RecordValidator
+from services.dlq_reconciler.api import requeue_payload
+from services.dlq_reconciler.auth import OperatorTokens
+from services.dlq_reconciler.quarantine import (
+    DEAD_LETTER_QUARANTINED,
+    REQUEUED_BY,
+    REQUEUED_FROM,
+    UNATTRIBUTED,
+    DeadLetter,
+    RequeueRefused,
+    fact_envelope,
+    provenance,
+    quarantine_fact,
+    requeue_headers,
+    with_identity,
+)
+from services.dlq_reconciler.rawrecords import jsonable
+
+
+class FakeRegistry:
+    """The two calls AvroSerde makes, over the repository's contracts (ids by order)."""
+
+    def __init__(self) -> None:
+        self._by_subject: dict[str, tuple[int, str]] = {}
+        self._by_id: dict[int, str] = {}
+        for schema_id, contract in enumerate(load_contracts(), start=1):
+            self._by_subject[contract.subject] = (schema_id, contract.schema_str)
+            self._by_id[schema_id] = contract.schema_str
+
+    def get_latest_version(self, subject: str) -> Any:
+        if subject not in self._by_subject:
+            raise SchemaRegistryError(404, 40401, f"subject {subject} not found")
+        schema_id, text = self._by_subject[subject]
+        return SimpleNamespace(schema_id=schema_id, schema=Schema(text, "AVRO"))
+
+    def get_schema(self, schema_id: int) -> Schema:
+        if schema_id not in self._by_id:
+            raise SchemaRegistryError(404, 40403, "schema not found")
+        return Schema(self._by_id[schema_id], "AVRO")
+
+
+@pytest.fixture(scope="module")
+def serde() -> AvroSerde:
+    return AvroSerde(FakeRegistry())  # type: ignore[arg-type]
+
+
+def context_headers(**overrides: str) -> list[tuple[str, bytes | None]]:
+    context = {
+        deadletter.ORIGIN_TOPIC: "incidents",
+        deadletter.ORIGIN_PARTITION: "4",
+        deadletter.ORIGIN_OFFSET: "1234",
+        deadletter.CONSUMER: "policy-service",
+        deadletter.REASON: "invalid-record",
+        deadletter.ERROR_CLASS: "BusinessRuleViolation",
+        deadletter.ERROR_MESSAGE: "p95LatencyMs must not be negative",
+        deadletter.FIRST_FAILURE_TIME: "2025-03-01T09:30:00.000+00:00",
+        deadletter.ATTEMPTS: "1",
+        **overrides,
+    }
+    return [(k, v.encode()) for k, v in context.items()]
+
+
+def poison(serde: AvroSerde, incident: str = "incident-42", **value_overrides: Any) -> tuple[DeadLetter, Envelope]:
+    value, env = latency_fact(incident)
+    value.update(value_overrides)
+    payload = serde.serialize("incidents", SERVICE_LATENCY_INCREASED, value)
+    letter = DeadLetter(
+        dlq_topic="incidents.dlq",
+        dlq_partition=1,
+        dlq_offset=77,
+        key=incident.encode(),
+        value=payload,
+        headers=[*env.headers(), *context_headers()],
+    )
+    return letter, env
+
+
+# ------------------------------------------------------------ reading letters
+
+
+def test_a_dead_letter_says_where_it_came_from_and_why(serde: AvroSerde) -> None:
+    letter, env = poison(serde)
+    assert (letter.origin_topic, letter.origin_partition, letter.origin_offset) == ("incidents", 4, 1234)
+    assert letter.consumer == "policy-service"
+    assert letter.reason == "invalid-record"
+    assert letter.error_class == "BusinessRuleViolation"
+    assert letter.attempts == 1
+    assert letter.original_event_id == env.id
+    assert letter.original_type == SERVICE_LATENCY_INCREASED
+    assert letter.incident_id == "incident-42"
+    assert letter.envelope == env
+    assert all(not name.startswith("dlq_") for name, _ in letter.original_headers)
+
+
+def test_tags_route_alerts_by_reason_class_consumer_origin_and_producer(serde: AvroSerde) -> None:
+    letter, _ = poison(serde)
+    assert letter.tags() == {
+        "reason": "invalid-record",
+        "errorClass": "BusinessRuleViolation",
+        "consumer": "policy-service",
+        "origin": "incidents",
+        "producer": "/flotilla/tests",
+        "recordType": SERVICE_LATENCY_INCREASED,
+    }
+
+
+def test_a_letter_without_readable_headers_is_still_attributed_and_placed() -> None:
+    letter = DeadLetter("commands.dlq", 0, 5, key=b"production/checkout-api", value=os.urandom(32), headers=[])
+    assert letter.origin_topic == "commands"  # from the DLQ topic's name
+    assert letter.origin_partition is None and letter.origin_offset is None
+    assert letter.incident_id == UNATTRIBUTED  # a commands key is a resource, not an incident
+    assert letter.envelope is None and letter.original_event_id is None
+    assert letter.tags()["reason"] == "unknown"
+
+
+def test_an_incidents_letter_without_correlation_falls_back_to_its_key() -> None:
+    letter = DeadLetter("incidents.dlq", 0, 5, key=b"incident-9", value=b"x", headers=context_headers())
+    assert letter.incident_id == "incident-9"
+
+
+def test_the_quarantine_fact_matches_its_contract(serde: AvroSerde) -> None:
+    letter, env = poison(serde)
+    fact_env = fact_envelope(letter, "/flotilla/dlq-reconciler")
+    assert fact_env is not None
+    value = {"eventId": fact_env.id, **quarantine_fact(letter, uuid.uuid4(), datetime.now(UTC))}
+    schema = next(c.schema for c in load_contracts() if c.full_name == DEAD_LETTER_QUARANTINED)
+    assert RecordValidator(parse_schema(schema)).problems(value) == []
+    assert value["originalEventId"] == env.id
+    assert (value["dlqTopic"], value["dlqPartition"], value["dlqOffset"]) == ("incidents.dlq", 1, 77)
+    assert value["tags"]["reason"] == "invalid-record"
+    # the fact continues the dead record's chain: caused by it, one hop fewer, same trace
+    assert fact_env.causationid == env.id and fact_env.correlationid == "incident-42"
+    assert fact_env.hops == env.hops - 1
+    assert fact_env.traceparent.split("-")[1] == env.traceparent.split("-")[1]
+
+
+def test_a_fact_that_keeps_dying_cannot_feed_the_reconciler_forever(serde: AvroSerde) -> None:
+    """A consumer that dead-letters DeadLetterQuarantined itself: each round costs a hop,
+    and when the budget is spent the record is quarantined without a new fact."""
+    letter, _ = poison(serde)
+    rounds = 0
+    while (fact := fact_envelope(letter, "/flotilla/dlq-reconciler")) is not None:
+        rounds += 1
+        letter = DeadLetter(
+            "incidents.dlq", 0, rounds, letter.key, b"fact bytes", [*fact.headers(), *context_headers()]
+        )
+        assert rounds < 100
+    assert rounds == 15  # a fresh record's 16 hops, less the one the first fact took
+    assert letter.envelope is not None and letter.envelope.hops == 1
+
+
+def test_the_quarantine_fact_of_an_unreadable_letter_still_matches_its_contract() -> None:
+    letter = DeadLetter(
+        "incidents.dlq", 2, 9, key=None, value=b"\x01junk", headers=[("ce_id", b"not-a-uuid"), *context_headers()]
+    )
+    value = {"eventId": str(uuid.uuid4()), **quarantine_fact(letter, uuid.uuid4(), datetime.now(UTC))}
+    schema = next(c.schema for c in load_contracts() if c.full_name == DEAD_LETTER_QUARANTINED)
+    assert RecordValidator(parse_schema(schema)).problems(value) == []
+    assert value["originalEventId"] is None  # a non-UUID id cannot be carried in a uuid field
+
+
+# --------------------------------------------------------- re-queue validation
+
+
+def test_requeue_of_the_original_value_re_serializes_it(serde: AvroSerde) -> None:
+    letter, env = poison(serde)
+    value, payload = requeue_payload(serde, letter, None)
+    assert serde.deserialize(payload).value["eventId"] == uuid.UUID(env.id)
+    assert value["incidentId"] == "incident-42"
+
+
+def test_a_sanitized_value_must_pass_the_registered_schema_naming_the_field(serde: AvroSerde) -> None:
+    letter, _ = poison(serde)
+    decoded = jsonable(serde.deserialize(letter.value).value)
+    with pytest.raises(RequeueRefused) as refused:
+        requeue_payload(serde, letter, {**decoded, "p95LatencyMs": "very slow"})
+    assert any("'p95LatencyMs'" in p for p in refused.value.problems)
+    with pytest.raises(RequeueRefused) as refused:
+        requeue_payload(serde, letter, {k: v for k, v in decoded.items() if k != "service"})
+    assert any("'service' is missing" in p for p in refused.value.problems)
+    with pytest.raises(RequeueRefused) as refused:
+        requeue_payload(serde, letter, {**decoded, "severity": "high"})
+    assert any("'severity' is not in the schema" in p for p in refused.value.problems)
+
+
+def test_a_sanitized_value_as_shown_by_the_api_round_trips(serde: AvroSerde) -> None:
+    letter, env = poison(serde, p95LatencyMs=1800.0)
+    shown = jsonable(serde.deserialize(letter.value).value)  # timestamps as epoch ms, UUIDs as text
+    _, payload = requeue_payload(serde, letter, {**shown, "p95LatencyMs": 1900.0})
+    decoded = serde.deserialize(payload)
+    assert decoded.record_name == SERVICE_LATENCY_INCREASED
+    assert decoded.value["p95LatencyMs"] == 1900.0
+    assert decoded.value["eventId"] == uuid.UUID(env.id)
+
+
+def test_a_sanitized_value_keeps_the_original_identity(serde: AvroSerde) -> None:
+    letter, env = poison(serde)
+    shown = jsonable(serde.deserialize(letter.value).value)
+    without_id = {k: v for k, v in shown.items() if k != "eventId"}
+    value, _ = requeue_payload(serde, letter, without_id)
+    assert value["eventId"] == env.id  # filled in
+    with pytest.raises(RequeueRefused, match="original identity"):
+        requeue_payload(serde, letter, {**shown, "eventId": str(uuid.uuid4())})
+
+
+def test_an_undecodable_original_needs_a_sanitized_value(serde: AvroSerde) -> None:
+    _, env = latency_fact("incident-1")
+    letter = DeadLetter("incidents.dlq", 0, 1, b"incident-1", os.urandom(40), [*env.headers(), *context_headers()])
+    with pytest.raises(RequeueRefused, match="does not decode"):
+        requeue_payload(serde, letter, None)
+
+
+def test_a_record_without_a_valid_envelope_cannot_be_requeued(serde: AvroSerde) -> None:
+    letter, _ = poison(serde)
+    headerless = DeadLetter(letter.dlq_topic, 0, 1, letter.key, letter.value, context_headers())
+    with pytest.raises(RequeueRefused, match="CloudEvents"):
+        requeue_payload(serde, headerless, None)
+
+
+def test_a_record_type_without_a_registered_schema_on_the_origin_topic_is_refused(serde: AvroSerde) -> None:
+    _, env = latency_fact("incident-1")
+    value, _ = latency_fact("incident-1")
+    payload = serde.serialize("incidents", SERVICE_LATENCY_INCREASED, value)
+    # ce_type names a record that has no subject on this topic
+    bogus = Envelope(type="dev.flotilla.incidents.Nope", source="/t", correlationid="incident-1", id=env.id)
+    letter = DeadLetter("incidents.dlq", 0, 1, b"k", payload, [*bogus.headers(), *context_headers()])
+    with pytest.raises(RequeueRefused):
+        requeue_payload(serde, letter, {"eventId": env.id})
+    assert subject_for("incidents", "dev.flotilla.incidents.Nope") not in FakeRegistry()._by_subject
+
+
+def test_identity_fields_are_checked_case_insensitively() -> None:
+    event_id = str(uuid.uuid4())
+    assert with_identity({"eventId": event_id.upper()}, {"eventId"}, event_id)["eventId"] == event_id.upper()
+    assert with_identity({}, {"commandId"}, event_id) == {"commandId": event_id}
+    assert with_identity({}, {"other"}, event_id) == {}
+
+
+def test_requeue_headers_keep_the_original_ce_headers_and_add_provenance(serde: AvroSerde) -> None:
+    letter, env = poison(serde)
+    earlier = [*letter.original_headers, (REQUEUED_FROM, b"incidents.dlq/0/1"), (REQUEUED_BY, b"bob")]
+    headers = requeue_headers(earlier, requeued_from=provenance("incidents.dlq", 1, 77), requeued_by="alice")
+    assert headers[: len(env.headers())] == env.headers()  # ce_* byte for byte, same order
+    assert [h for h in headers if h[0].startswith("dlq_")] == []
+    assert [(k, v) for k, v in headers if k.startswith("flotilla_requeued")] == [
+        (REQUEUED_FROM, b"incidents.dlq/1/77"),
+        (REQUEUED_BY, b"alice"),
+    ]
+
+
+# ------------------------------------------------------------------- auth
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def test_a_bearer_token_whose_digest_is_configured_authenticates() -> None:
+    tokens = OperatorTokens([digest("operator-token"), {"name": "alice", "sha256": digest("alices-token")}])
+    operator = tokens.authenticate("Bearer operator-token")
+    assert operator is not None and operator.name == f"operator-{digest('operator-token')[:12]}"
+    alice = tokens.authenticate("bearer alices-token")
+    assert alice is not None and alice.name == "alice"
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer wrong", "Basic b3BlcmF0b3ItdG9rZW4=", "operator-token"])
+def test_anything_else_does_not_authenticate(header: str | None) -> None:
+    assert OperatorTokens([digest("operator-token")]).authenticate(header) is None
+
+
+def test_configured_tokens_must_be_digests_not_tokens() -> None:
+    with pytest.raises(ValueError):
+        OperatorTokens(["operator-token"])
+
+
+def test_settings_read_operator_tokens_and_topics_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, load_settings
+
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
+        monkeypatch.delenv(name)
+
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    assert load_settings().operator_tokens == [DEMO_OPERATOR_DIGEST]  # the demo default
+    assert load_settings().dlq_topics == ("incidents.dlq", "commands.dlq")
+    alice = digest("alices-token")
+    monkeypatch.setenv("FLOTILLA_OPERATOR_TOKENS", f'["{digest("x")}", {{"name": "alice", "sha256": "{alice}"}}]')
+    monkeypatch.setenv("FLOTILLA_DLQ_TOPICS", '["a.dlq"]')
+    settings = load_settings()
+    assert settings.operator_tokens == [digest("x"), {"name": "alice", "sha256": alice}]
+    assert settings.dlq_topics == ("a.dlq",)
+    assert (settings.service_name, settings.service_database, settings.http_port) == (
+        "dlq-reconciler",
+        "flotilla_dlq",
+        18107,
+    )

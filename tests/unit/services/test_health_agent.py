@@ -1,0 +1,247 @@
+"""The health agent's pure logic: hysteresis, verification windows, metrics parsing."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from services.health_agent.detector import Change, DetectorState, Hysteresis, Phase, is_breaching, observe
+from services.health_agent.metrics_source import ScrapeError, parse
+from services.health_agent.verification import Verdict, Window, observe_nothing
+from services.health_agent.verification import observe as observe_window
+
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+RULE = Hysteresis(open_after=3, clear_after=2)
+
+
+def run(pattern: str, rule: Hysteresis = RULE, state: DetectorState | None = None) -> list[Change]:
+    """Feed scrapes ('B' breaching, '.' healthy) one second apart; the changes they cause."""
+    state = state or DetectorState()
+    changes = []
+    for i, scrape in enumerate(pattern):
+        state, change = observe(state, breaching=scrape == "B", at=T0 + timedelta(seconds=i), rule=rule)
+        changes.append(change)
+    return changes
+
+
+def opened(pattern: str, rule: Hysteresis = RULE) -> int:
+    return run(pattern, rule).count(Change.OPENED)
+
+
+# ----------------------------------------------------------------- hysteresis
+
+
+def test_breach_is_strictly_above_the_threshold() -> None:
+    assert is_breaching(501, 500)
+    assert not is_breaching(500, 500)
+
+
+def test_k_consecutive_breaching_scrapes_open_one_incident() -> None:
+    assert run("BBB") == [Change.NONE, Change.NONE, Change.OPENED]
+
+
+def test_fewer_than_k_breaching_scrapes_open_nothing() -> None:
+    assert opened("BB.BB.BB.") == 0
+
+
+def test_a_healthy_scrape_resets_the_breach_count() -> None:
+    assert run("BB.BBB")[-1] is Change.OPENED
+    assert opened("BB.BB") == 0
+
+
+def test_a_breach_that_goes_on_never_opens_a_second_incident() -> None:
+    assert opened("B" * 500) == 1
+
+
+def test_a_single_healthy_scrape_inside_a_breach_does_not_clear_it() -> None:
+    # M = 2: one fast scrape in the middle of an outage is noise, not recovery
+    changes = run("BBB.BBB.BBB")
+    assert changes.count(Change.OPENED) == 1
+    assert Change.CLEARED not in changes
+
+
+def test_m_consecutive_healthy_scrapes_clear_the_breach() -> None:
+    assert run("BBB..") == [Change.NONE, Change.NONE, Change.OPENED, Change.NONE, Change.CLEARED]
+
+
+def test_a_new_breach_after_clearing_opens_a_new_incident() -> None:
+    changes = run("BBB..BBB")
+    assert changes.count(Change.OPENED) == 2
+    assert changes.index(Change.CLEARED) < len(changes) - 1
+
+
+def test_breaching_scrape_resets_the_healthy_count() -> None:
+    changes = run("BBB.B.B.B")
+    assert Change.CLEARED not in changes
+
+
+def test_breach_start_is_the_first_scrape_of_the_run() -> None:
+    state = DetectorState()
+    for i, scrape in enumerate("B.BBB"):
+        state, _ = observe(state, breaching=scrape == "B", at=T0 + timedelta(seconds=i), rule=RULE)
+    assert state.phase is Phase.BREACHING
+    assert state.breach_started_at == T0 + timedelta(seconds=2)
+
+
+def test_k_and_m_of_one_behave_like_no_hysteresis() -> None:
+    assert run("B.B.", Hysteresis(1, 1)) == [Change.OPENED, Change.CLEARED, Change.OPENED, Change.CLEARED]
+
+
+def test_hysteresis_counts_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Hysteresis(0, 1)
+
+
+# ------------------------------------------------------------- verification
+
+W = timedelta(seconds=5)
+GAP = timedelta(seconds=3)
+
+
+def verify(samples: list[tuple[float, float]], window: Window | None = None) -> tuple[Window, list[Verdict | None]]:
+    """(seconds after start, p95) samples against a 500 ms threshold."""
+    window = window or Window(started_at=T0, length=W)
+    verdicts = []
+    for seconds, p95 in samples:
+        window, outcome = observe_window(
+            window, p95_ms=p95, threshold_ms=500, at=T0 + timedelta(seconds=seconds), max_gap=GAP
+        )
+        verdicts.append(None if outcome is None else outcome.verdict)
+    return window, verdicts
+
+
+def test_healthy_for_the_whole_window_completes() -> None:
+    _, verdicts = verify([(s, 300) for s in range(7)])
+    assert verdicts == [None] * 5 + [Verdict.COMPLETED, Verdict.COMPLETED]
+    # (the caller stops at the first verdict; the window itself does not remember)
+
+
+def test_completion_reports_the_highest_p95_of_the_healthy_run() -> None:
+    window = Window(started_at=T0, length=W)
+    for s, p95 in [(0, 200), (1, 450), (2, 300), (3, 250), (4, 100)]:
+        window, outcome = observe_window(
+            window, p95_ms=p95, threshold_ms=500, at=T0 + timedelta(seconds=s), max_gap=GAP
+        )
+        assert outcome is None
+    _, outcome = observe_window(window, p95_ms=120, threshold_ms=500, at=T0 + timedelta(seconds=5), max_gap=GAP)
+    assert outcome is not None and outcome.verdict is Verdict.COMPLETED
+    assert outcome.p95_ms == 450
+    assert outcome.threshold_ms == 500
+
+
+def test_still_breaching_when_the_window_ends_fails() -> None:
+    _, verdicts = verify([(s, 1800) for s in range(6)])
+    assert verdicts == [None] * 5 + [Verdict.FAILED]
+
+
+def test_failure_reports_the_breaching_p95() -> None:
+    window = Window(started_at=T0, length=W)
+    _, outcome = observe_window(window, p95_ms=1800, threshold_ms=500, at=T0 + W, max_gap=GAP)
+    assert outcome is not None and outcome.verdict is Verdict.FAILED
+    assert outcome.p95_ms == 1800
+    assert "1800" in outcome.reason
+
+
+def test_a_breach_early_in_the_window_only_restarts_the_healthy_run() -> None:
+    # the fix takes two seconds to bite: healthy from t=2, so complete at t=7
+    _, verdicts = verify([(0, 1800), (1, 1800), *[(s, 300) for s in range(2, 8)]])
+    assert verdicts == [None] * 7 + [Verdict.COMPLETED]
+
+
+def test_a_relapse_after_the_window_end_fails() -> None:
+    _, verdicts = verify([(0, 1800), (4, 300), (5, 300), (6, 900)])
+    assert verdicts == [None, None, None, Verdict.FAILED]
+
+
+def test_samples_before_the_window_opened_are_ignored() -> None:
+    window = Window(started_at=T0, length=W)
+    same, outcome = observe_window(window, p95_ms=9000, threshold_ms=500, at=T0 - timedelta(seconds=1), max_gap=GAP)
+    assert (same, outcome) == (window, None)
+
+
+def test_a_gap_in_the_samples_restarts_the_healthy_run() -> None:
+    # healthy at 0..2, then nothing until 7 (gap 5 s > 3 s): the run restarts at 7
+    _, verdicts = verify([(0, 300), (1, 300), (2, 300), (7, 300), (8, 300), (11, 300), (12, 300)])
+    assert verdicts == [None] * 6 + [Verdict.COMPLETED]
+
+
+def test_no_samples_at_all_is_unverifiable_after_three_windows() -> None:
+    window = Window(started_at=T0, length=W)
+    assert observe_nothing(window, at=T0 + 3 * W - timedelta(milliseconds=1)) is None
+    outcome = observe_nothing(window, at=T0 + 3 * W)
+    assert outcome is not None and outcome.verdict is Verdict.UNVERIFIABLE
+    assert outcome.p95_ms is None
+
+
+def test_every_window_is_decided_within_three_windows_even_with_sparse_samples() -> None:
+    # healthy samples 4 s apart (gap > 3 s) never form a 5 s run
+    _, verdicts = verify([(s, 300) for s in range(0, 17, 4)])
+    assert verdicts[-1] is Verdict.UNVERIFIABLE
+    assert all(v is None for v in verdicts[:-1])
+
+
+# ----------------------------------------------------------------- metrics
+
+SIM_METRICS = """\
+# HELP sim_latency_p95_ms p95 latency of a service
+# TYPE sim_latency_p95_ms gauge
+sim_latency_p95_ms{service="checkout-api"} 1800.0
+sim_latency_p95_ms{service="payments-api"} 120.5
+sim_latency_p95_ms{service="no-threshold"} 10
+# TYPE sim_latency_threshold_ms gauge
+sim_latency_threshold_ms{service="checkout-api"} 500
+sim_latency_threshold_ms{service="payments-api"} 300
+# TYPE sim_replicas gauge
+sim_replicas{service="checkout-api"} 4
+sim_dependency_latency_p95_ms{service="checkout-api",dependency="payments-api"} 1700
+"""
+
+
+def test_parse_reads_p95_and_threshold_per_service() -> None:
+    samples = {s.service: s for s in parse(SIM_METRICS, "production")}
+    assert set(samples) == {"checkout-api", "payments-api"}  # no threshold: not watched
+    assert samples["checkout-api"].p95_ms == 1800.0
+    assert samples["checkout-api"].threshold_ms == 500.0
+    assert samples["payments-api"].environment == "production"
+
+
+def test_parse_honours_an_environment_label() -> None:
+    text = (
+        'sim_latency_p95_ms{service="api",environment="dev"} 900\n'
+        'sim_latency_threshold_ms{service="api",environment="dev"} 500\n'
+        'sim_latency_p95_ms{service="api"} 100\n'
+        'sim_latency_threshold_ms{service="api"} 500\n'
+    )
+    samples = {s.key: s.p95_ms for s in parse(text, "production")}
+    assert samples == {("dev", "api"): 900.0, ("production", "api"): 100.0}
+
+
+def test_parse_refuses_what_is_not_prometheus_text() -> None:
+    with pytest.raises(ScrapeError):
+        parse("{not: prometheus", "production")
+
+
+def test_settings_come_from_flotilla_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from services.health_agent.settings import load_settings
+
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
+        monkeypatch.delenv(name)
+
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    defaults = load_settings()
+    assert (defaults.health_scrape_seconds, defaults.health_verify_seconds) == (1.0, 5.0)
+    assert defaults.sim_url == "http://127.0.0.1:18110"
+    assert (defaults.service_name, defaults.service_database, defaults.http_port) == (
+        "health-agent",
+        "flotilla_health",
+        18101,
+    )
+    monkeypatch.setenv("FLOTILLA_HEALTH_SCRAPE_SECONDS", "0.5")
+    monkeypatch.setenv("FLOTILLA_HEALTH_VERIFY_SECONDS", "30")
+    monkeypatch.setenv("FLOTILLA_SIM_URL", "http://sim:18110")
+    settings = load_settings()
+    assert (settings.health_scrape_seconds, settings.health_verify_seconds) == (0.5, 30.0)
+    assert settings.sim_url == "http://sim:18110"
