@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install demo demo-incident fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration lint format bench-outbox clean
+.PHONY: help install demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration lint format bench-outbox clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -23,11 +23,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install Flotilla with its pinned dependencies
 
-demo: stack-up schemas ## Main job: bring up the stack and show records crossing the outbox live
-	$(PY) infra/local/outbox_demo.py
-
-demo-incident: fleet-up ## A full local incident, from a slow service to a verified recovery, live
+demo: fleet-up ## Main job: a full local incident, from a slow service to a verified recovery, live
 	$(PY) infra/local/demo.py
+
+demo-outbox: stack-up schemas ## The outbox round trip alone, shown live
+	$(PY) infra/local/outbox_demo.py
 
 fleet-up: stack-up schemas ## Start the sim and the seven services (needs the stack)
 	$(PY) infra/local/fleetctl.py up

@@ -91,6 +91,7 @@ def approve_command(proposal: str, digest: str) -> str:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # live, even through make
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
     consumer = tail_consumer(settings.kafka_bootstrap, ["incidents", "commands"])

@@ -57,17 +57,23 @@ def member_env(member: Member) -> dict[str, str]:
     return env
 
 
-def _quoted(value: str) -> str:
-    """A value for supervisord's environment=: double-quoted, with backslashes and quotes
-    escaped (it splits with POSIX shell rules) and % doubled (its config interpolates)."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-    return f'"{escaped}"'
+def _quoted(key: str, value: str) -> str:
+    """A value for supervisord's ``environment=``: it splits on commas outside quotes,
+    has no escapes, and strips the quotes it finds at either end; its config also
+    interpolates ``%``. So: double quotes, or single quotes around a value holding
+    double quotes (JSON), and ``%`` doubled."""
+    value = value.replace("%", "%%")
+    if '"' not in value:
+        return f'"{value}"'
+    if "'" not in value and not value.endswith(('"', "'")):
+        return f"'{value}'"
+    raise StackError(f"{key} cannot be passed through supervisord (it mixes quote characters); use a file setting")
 
 
 def _config() -> str:
     parts = [SUPERVISOR.header(LOGS, pwd.getpwuid(os.geteuid()).pw_name)]
     for member in FLEET:
-        env = ",".join(f"{k}={_quoted(v)}" for k, v in member_env(member).items())
+        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member).items())
         parts.append(
             f"""
 [program:{member.name}]

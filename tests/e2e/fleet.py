@@ -19,7 +19,7 @@ from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
-from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, Member, url
+from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APPROVER = "alice-token"
@@ -145,6 +145,22 @@ class Fleet:
 
     def dlq(self, method: str, path: str, body: object | None = None, token: str | None = None) -> Any:
         return self.call(DLQ_RECONCILER, method, path, body, token)
+
+    def wait_until_healthy(self, service: str, timeout: float = 30) -> None:
+        """Until the health agent has seen the service healthy again and closed its breach
+        (so the next fault opens a new incident rather than continuing the last one)."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with psycopg.connect(self.stack.pg_dsn(HEALTH.database)) as conn:
+                row = conn.execute(
+                    "SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)
+                ).fetchone()
+            if row is None or (str(row[0]).lower() == "healthy" and row[1] is None):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{service} still breaching (or its incident still open) after {timeout:.0f}s: {row}")
 
     def executor_pending(self, idempotency_key: str) -> bool:
         """Whether the executor has marked the key PENDING (it is about to act or acting)."""

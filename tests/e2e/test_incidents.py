@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -15,12 +19,14 @@ from .fleet import APPROVER, PROPOSED, VIEWER, Fleet, HttpError, Seen, Watch, co
 pytestmark = pytest.mark.timeout(300)
 
 DEMO_SERVICE = "checkout-api"
+OPERATOR = "operator-token"  # the DLQ reconciler's local default operator
 PROPOSER_TOKEN = "mallory-token"  # configured as user "remediation-agent" with the approver role
 
 
 @pytest.fixture()
 def watch(fleet: Fleet) -> Iterator[Watch]:
     fleet.reset_sim()
+    fleet.wait_until_healthy(DEMO_SERVICE)
     w = fleet.watch()
     yield w
     w.close()
@@ -131,7 +137,7 @@ def test_two_conflicting_proposals_for_one_resource_execute_once(fleet: Fleet, w
     value, envelope = counter_proposal(first, replicas=10)
     produce(fleet, "incidents", incident, PROPOSED, value, envelope)
     second_request = watch.wait(
-        lambda s: s.kind == "HumanApprovalRequired" and s.value["proposalId"] == value["proposalId"],
+        lambda s: s.kind == "HumanApprovalRequired" and str(s.value["proposalId"]) == value["proposalId"],
         what="approval request for the newer proposal",
     )
     # the older proposal is no longer current: approving it is refused
@@ -206,3 +212,51 @@ def test_the_executor_killed_mid_action_acts_exactly_once(fleet: Fleet, watch: W
     watch.settle(3)
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
     assert fleet.sim("GET", f"/actions/{key}")["status"] == "applied"
+
+
+def as_json(value: Any) -> Any:
+    """A decoded Avro value as an operator would type it: UUIDs as text, times as epoch ms."""
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_json(v) for v in value]
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def test_poison_is_quarantined_then_requeued_sanitized_and_processed_once(fleet: Fleet, watch: Watch) -> None:
+    incident, _ = awaiting_approval(fleet, watch)
+    first = watch.kind("RecoveryProposed", incident)
+    value, envelope = counter_proposal(first, replicas=10)
+    good_digest = value["digest"]
+    value["digest"] = "sha256:" + "f" * 64  # breaks a business rule: not the digest of its steps
+    produce(fleet, "incidents", incident, PROPOSED, value, envelope)
+
+    fact = watch.wait(
+        lambda s: s.kind == "DeadLetterQuarantined" and str(s.value.get("originalEventId")) == envelope.id,
+        what="DeadLetterQuarantined for the poisoned proposal",
+    )
+    entry = fleet.dlq("GET", f"/quarantine/{fact.value['quarantineId']}")
+    assert entry["reason"] == "invalid-record" and entry["errorClass"] == "BusinessRuleViolation", entry
+
+    # an invalid sanitized value is refused, naming the field; nothing is sent
+    with pytest.raises(HttpError) as refused:
+        fleet.dlq("POST", f"/quarantine/{entry['id']}/requeue", {"value": {**as_json(value), "digest": 7}}, OPERATOR)
+    assert refused.value.status == 422 and "digest" in json.dumps(refused.value.body)
+
+    sanitized = {**as_json(value), "digest": good_digest}
+    fleet.dlq("POST", f"/quarantine/{entry['id']}/requeue", sanitized and {"value": sanitized}, OPERATOR)
+    request = watch.wait(
+        lambda s: s.kind == "HumanApprovalRequired" and str(s.value["proposalId"]) == value["proposalId"],
+        what="the re-queued proposal processed",
+    )
+    assert request.envelope.causationid == envelope.id  # the original identity went through
+    with pytest.raises(HttpError) as twice:
+        fleet.dlq("POST", f"/quarantine/{entry['id']}/requeue", {"value": sanitized}, OPERATOR)
+    assert twice.value.status == 409
+    watch.settle(3)
+    processed = [s for s in watch.seen if s.kind == "HumanApprovalRequired" and s.envelope.causationid == envelope.id]
+    assert len(processed) == 1
