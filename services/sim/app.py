@@ -57,10 +57,17 @@ class _SimCollector(Collector):
             return [(name, model.service(name), model.latency(name)) for name in model.names]
 
         rows: list[tuple[str, Any, Any]] = self._state.read(snapshot)
-        p95 = GaugeMetricFamily("sim_latency_p95_ms", "p95 latency of the service, ms.", labels=["service"])
-        replicas = GaugeMetricFamily("sim_replicas", "Running replicas of the service.", labels=["service"])
+        # Every series carries the environment too: watchers and policies scope by it.
+        p95 = GaugeMetricFamily(
+            "sim_latency_p95_ms", "p95 latency of the service, ms.", labels=["service", "environment"]
+        )
+        replicas = GaugeMetricFamily(
+            "sim_replicas", "Running replicas of the service.", labels=["service", "environment"]
+        )
         threshold = GaugeMetricFamily(
-            "sim_latency_threshold_ms", "p95 above which the service is in trouble, ms.", labels=["service"]
+            "sim_latency_threshold_ms",
+            "p95 above which the service is in trouble, ms.",
+            labels=["service", "environment"],
         )
         dependency = GaugeMetricFamily(
             "sim_dependency_latency_p95_ms",
@@ -73,9 +80,9 @@ class _SimCollector(Collector):
             labels=["service"],
         )
         for name, service, latency in rows:
-            p95.add_metric([name], latency.p95_ms)
-            replicas.add_metric([name], service.replicas)
-            threshold.add_metric([name], service.threshold_ms)
+            p95.add_metric([name, service.environment], latency.p95_ms)
+            replicas.add_metric([name, service.environment], service.replicas)
+            threshold.add_metric([name, service.environment], service.threshold_ms)
             utilization.add_metric([name], latency.utilization)
             for dep, ms in latency.dependencies_ms.items():
                 dependency.add_metric([name, dep], ms)

@@ -194,6 +194,31 @@ class SimModel:
                     revision="v23",
                     previous_revision="v22",
                 ),
+                # A development copy of the checkout path: same shape, half the load, and
+                # in `dev`, where policy authorizes recoveries without a person.
+                Service(
+                    "checkout-dev",
+                    environment="dev",
+                    replicas=2,
+                    base_ms=120.0,
+                    load_rps=200.0,
+                    pool_per_replica=20,
+                    threshold_ms=500.0,
+                    revision="v41",
+                    previous_revision="v40",
+                    dependencies=["payments-dev"],
+                ),
+                Service(
+                    "payments-dev",
+                    environment="dev",
+                    replicas=2,
+                    base_ms=35.0,
+                    load_rps=200.0,
+                    pool_per_replica=50,
+                    threshold_ms=400.0,
+                    revision="v17",
+                    previous_revision="v16",
+                ),
             ]
         )
 

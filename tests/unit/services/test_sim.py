@@ -26,15 +26,26 @@ FAILOVER = {"dependency": "payments-api", "toTarget": "payments-api-secondary"}
 
 def test_default_topology() -> None:
     model = SimModel.default()
-    assert model.names == ["checkout-api", "payments-api", "payments-api-secondary", "inventory-db", "search-api"]
+    assert model.names == [
+        "checkout-api",
+        "payments-api",
+        "payments-api-secondary",
+        "inventory-db",
+        "search-api",
+        "checkout-dev",
+        "payments-dev",
+    ]
     checkout = model.describe(CHECKOUT)
     assert checkout["replicas"] == 4
     assert checkout["thresholdMs"] == 500.0
     assert checkout["dependencies"] == ["payments-api", "inventory-db"]
     assert checkout["failoverTargets"] == {"payments-api": "payments-api-secondary"}
     assert checkout["activeDependencies"] == {"payments-api": "payments-api", "inventory-db": "inventory-db"}
-    assert [model.service(n).replicas for n in model.names] == [4, 3, 2, 2, 2]
-    assert {model.service(n).environment for n in model.names} == {"production"}
+    assert [model.service(n).replicas for n in model.names] == [4, 3, 2, 2, 2, 2, 2]
+    assert {n: model.service(n).environment for n in model.names if model.service(n).environment != "production"} == {
+        "checkout-dev": "dev",
+        "payments-dev": "dev",
+    }
 
 
 def test_healthy_topology_is_under_every_threshold() -> None:
@@ -347,24 +358,24 @@ def test_metrics_follow_the_model() -> None:
     client = _client()
     client.post("/faults", json={"service": "payments-api", "kind": "dependency-slow"})
     metrics = _metrics(client)
-    assert metrics[("sim_latency_p95_ms", (("service", CHECKOUT),))] == 1831.2
-    assert metrics[("sim_latency_p95_ms", (("service", "payments-api"),))] == 280.0
-    assert metrics[("sim_replicas", (("service", CHECKOUT),))] == 4
-    assert metrics[("sim_latency_threshold_ms", (("service", CHECKOUT),))] == 500
+    assert metrics[("sim_latency_p95_ms", (("environment", "production"), ("service", CHECKOUT)))] == 1831.2
+    assert metrics[("sim_latency_p95_ms", (("environment", "production"), ("service", "payments-api")))] == 280.0
+    assert metrics[("sim_replicas", (("environment", "production"), ("service", CHECKOUT)))] == 4
+    assert metrics[("sim_latency_threshold_ms", (("environment", "production"), ("service", CHECKOUT)))] == 500
     dep = ("sim_dependency_latency_p95_ms", (("dependency", "payments-api"), ("service", CHECKOUT)))
     assert metrics[dep] == 280.0
     assert metrics[("sim_pool_utilization_ratio", (("service", CHECKOUT),))] > 1
     client.post("/actions/scale", json=_action())
     metrics = _metrics(client)
-    assert metrics[("sim_latency_p95_ms", (("service", CHECKOUT),))] == 425.0
-    assert metrics[("sim_replicas", (("service", CHECKOUT),))] == 12
+    assert metrics[("sim_latency_p95_ms", (("environment", "production"), ("service", CHECKOUT)))] == 425.0
+    assert metrics[("sim_replicas", (("environment", "production"), ("service", CHECKOUT)))] == 12
 
 
 def test_two_apps_do_not_share_metrics() -> None:
     first, second = _client(), _client()
     first.post("/actions/scale", json=_action())
-    assert _metrics(first)[("sim_replicas", (("service", CHECKOUT),))] == 12
-    assert _metrics(second)[("sim_replicas", (("service", CHECKOUT),))] == 4
+    assert _metrics(first)[("sim_replicas", (("environment", "production"), ("service", CHECKOUT)))] == 12
+    assert _metrics(second)[("sim_replicas", (("environment", "production"), ("service", CHECKOUT)))] == 4
 
 
 def test_action_applies_and_reports() -> None:
