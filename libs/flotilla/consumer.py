@@ -206,7 +206,15 @@ class ConsumerLoop:
         if not self._subscribed:
             self._consumer.subscribe(list(self.config.topics))
             self._subscribed = True
-        msgs = self._consumer.consume(num_messages=self.config.batch_size, timeout=self.config.poll_timeout)
+        # Wait for the first record only; then take what is already fetched. (consume()
+        # with a timeout waits for a *full* batch, which would add the whole timeout to
+        # every hop when traffic is light.)
+        first = self._consumer.poll(self.config.poll_timeout)
+        if first is None:
+            return 0
+        msgs = [first]
+        if self.config.batch_size > 1:
+            msgs += self._consumer.consume(num_messages=self.config.batch_size - 1, timeout=0)
         records = []
         for msg in msgs:
             err = msg.error()

@@ -107,7 +107,10 @@ class RawLoop:
         if not self._subscribed:
             self._consumer.subscribe(list(self.topics))
             self._subscribed = True
-        msgs = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_timeout)
+        # Wait for one record, then take what is already fetched: consume() with a timeout
+        # would wait for a full batch.
+        first = self._consumer.poll(self._poll_timeout)
+        msgs = [] if first is None else [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
         records = []
         for msg in msgs:
             err = msg.error()

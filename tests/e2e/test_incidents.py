@@ -33,9 +33,9 @@ def watch(fleet: Fleet) -> Iterator[Watch]:
     fleet.reset_sim()
 
 
-def open_incident(fleet: Fleet, watch: Watch, service: str = DEMO_SERVICE) -> str:
-    """Slow down checkout's payments dependency and return the incident the health agent opens."""
-    fleet.fault("payments-api", "dependency-slow")
+def open_incident(fleet: Fleet, watch: Watch, service: str = DEMO_SERVICE, dependency: str = "payments-api") -> str:
+    """Slow down the service's payments dependency and return the incident the health agent opens."""
+    fleet.fault(dependency, "dependency-slow")
     opened = watch.wait(
         lambda s: s.kind == "ServiceLatencyIncreased" and s.value.get("service") == service,
         timeout=60,
@@ -72,6 +72,19 @@ def test_happy_path_with_a_human_approval(fleet: Fleet, watch: Watch) -> None:
     assert executed.envelope.causationid is not None
     verdict = fleet.audit_verify()
     assert verdict["ok"] is True, verdict
+
+
+def test_auto_authorized_path_in_dev(fleet: Fleet, watch: Watch) -> None:
+    fleet.wait_until_healthy("checkout-dev")
+    incident = open_incident(fleet, watch, service="checkout-dev", dependency="payments-dev")
+    approved = watch.kind("RecoveryApproved", incident, timeout=90)
+    assert approved.value["auto"] is True
+    executed = watch.kind("RecoveryExecuted", incident)
+    assert executed.value["idempotencyKey"] == f"{incident}:scale:6"
+    watch.kind("RecoveryCompleted", incident, timeout=60)
+    assert not watch.of(incident, "HumanApprovalRequired")
+    fleet.reset_sim()
+    fleet.wait_until_healthy("checkout-dev")
 
 
 def test_approval_by_the_proposer_is_refused(fleet: Fleet, watch: Watch) -> None:
