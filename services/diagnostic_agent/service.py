@@ -43,5 +43,8 @@ def build_spec(
         handlers=agent.handlers,
         migrations=MIGRATIONS,
         periodic=tuple(periodic),
+        # The agent that spends an incident's LLM tokens also enforces its budgets
+        # (tokens, wall time, steps): one owner, so one BudgetExceeded per incident.
+        loop={"budgets": settings.budgets()},
     )
     return spec, agent

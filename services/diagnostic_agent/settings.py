@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.workflow import Budgets
 from services import fleet
 from services.reasoner.settings import AgentSettings
 
@@ -27,3 +30,15 @@ class DiagnosticSettings(AgentSettings):
     # How often healthy latencies are sampled into baselines ("normal"); 0 turns it off.
     baseline_seconds: float = Field(5.0, ge=0)
     baseline_weight: float = Field(0.2, gt=0, le=1)  # EWMA weight of a new sample
+
+    # Per-incident budgets this agent enforces; exceeding one escalates the incident.
+    budget_llm_tokens: int = Field(50_000, gt=0)  # FLOTILLA_BUDGET_LLM_TOKENS
+    budget_wall_seconds: float = Field(4 * 3600, gt=0)  # FLOTILLA_BUDGET_WALL_SECONDS
+    budget_steps: int = Field(40, gt=0)  # FLOTILLA_BUDGET_STEPS
+
+    def budgets(self) -> Budgets:
+        return Budgets(
+            llm_tokens=self.budget_llm_tokens,
+            wall_time=timedelta(seconds=self.budget_wall_seconds),
+            steps=self.budget_steps,
+        )
