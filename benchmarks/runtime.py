@@ -28,13 +28,16 @@ from psycopg_pool import ConnectionPool
 from flotilla import dedupe
 from flotilla.bootstrap import bootstrap_outbox
 from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
-from flotilla.contracts import load_contracts, register_all
+from flotilla.contracts import Contract, load_contracts, register, register_all
 from flotilla.handling import HandlerContext
 from flotilla.serde import AvroSerde, registry_client
 from flotilla.settings import StackSettings, load_settings
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 DB = "flotilla_bench_runtime"
+# The handler's records go to a topic of their own: on `incidents` every service of a
+# running fleet would have to read them.
+OUT_TOPIC = "bench-runtime-out"
 DIAGNOSIS_REQUESTED = "dev.flotilla.incidents.DiagnosisRequested"
 RECOVERY_PROPOSED = "dev.flotilla.decisions.RecoveryProposed"
 
@@ -94,7 +97,7 @@ def handlers() -> dict[str, Any]:
     def on_latency(ctx: HandlerContext) -> None:
         incident = ctx.incoming.value["incidentId"]
         ctx.conn.execute("INSERT INTO bench_effects (incident_id) VALUES (%s)", (incident,))
-        ctx.emit("incidents", incident, DIAGNOSIS_REQUESTED, {**template, "incidentId": incident})
+        ctx.emit(OUT_TOPIC, incident, DIAGNOSIS_REQUESTED, {**template, "incidentId": incident})
 
     return {SERVICE_LATENCY_INCREASED: on_latency}
 
@@ -156,6 +159,11 @@ def main() -> None:
     print("serde (in process):")
     serde_cost(serde)
 
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    if OUT_TOPIC not in admin.list_topics(timeout=10).topics:
+        admin.create_topics([NewTopic(OUT_TOPIC, num_partitions=6, replication_factor=1)])[OUT_TOPIC].result(15)
+    schema = next(c.schema for c in load_contracts() if c.full_name == DIAGNOSIS_REQUESTED)
+    register(client, Contract(OUT_TOPIC, schema))
     bootstrap_outbox(settings, DB)
     with psycopg.connect(settings.pg_dsn(DB), autocommit=True) as conn:
         migrate(conn)
