@@ -62,10 +62,11 @@ class SimMetrics:
         self._url = base_url.rstrip("/") + "/metrics"
         self._timeout = timeout
         self._default_environment = default_environment
+        self._client = httpx.Client(timeout=timeout)  # reused: a new client costs ~25 ms
 
     def scrape(self) -> list[Sample]:
         try:
-            response = httpx.get(self._url, timeout=self._timeout)
+            response = self._client.get(self._url)
             response.raise_for_status()
         except httpx.HTTPError as exc:
             raise ScrapeError(f"GET {self._url}: {exc}") from exc

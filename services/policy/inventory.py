@@ -47,10 +47,12 @@ class SimInventory:
     def __init__(self, base_url: str, timeout: float = 1.0) -> None:
         self._base = base_url.rstrip("/")
         self._timeout = timeout
+        # One long-lived client: creating one costs ~25 ms (its TLS context), per proposal.
+        self._client = httpx.Client(timeout=timeout)
 
     def current_replicas(self, target: Target) -> int | None:
         try:
-            response = httpx.get(f"{self._base}/services/{target.name}", timeout=self._timeout)
+            response = self._client.get(f"{self._base}/services/{target.name}")
             if response.status_code != 200:
                 return None
             body = response.json()
