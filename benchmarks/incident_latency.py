@@ -84,9 +84,12 @@ def one_incident(settings: StackSettings, serde: AvroSerde) -> dict[str, float]:
     incident = None
     deadline = time.monotonic() + 120
     try:
-        while "RecoveryExecuted" not in arrived:
+        # Until the health agent has verified the recovery: starting the next incident
+        # earlier would fail this one's verification and make the executor compensate it
+        # while the next command waits.
+        while not {"RecoveryCompleted", "RecoveryFailed"} & arrived.keys():
             if time.monotonic() > deadline:
-                raise SystemExit(f"incident did not execute within 120 s; saw {sorted(arrived)}")
+                raise SystemExit(f"incident did not finish within 120 s; saw {sorted(arrived)}")
             msg = consumer.poll(0.05)
             now = time.monotonic()
             if msg is None or msg.error():
