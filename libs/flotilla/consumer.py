@@ -34,7 +34,7 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from psycopg_pool import ConnectionPool
 
 from flotilla import dedupe, metrics
@@ -57,6 +57,11 @@ from flotilla.workflow import (
 )
 
 log = logging.getLogger(__name__)
+
+# Commit errors that mean "these partitions are no longer yours", not "Kafka is broken".
+_LOST_PARTITIONS = frozenset(
+    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS}
+)
 
 LOOP_TERMINATED = "dev.flotilla.incidents.LoopTerminated"
 BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
@@ -536,7 +541,16 @@ class ConsumerLoop:
             key = (msg.topic() or "", msg.partition() or 0)
             highest[key] = max(highest.get(key, -1), msg.offset() or 0)
         offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
-        self._consumer.commit(offsets=offsets, asynchronous=False)
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() not in _LOST_PARTITIONS:
+                raise
+            # The group moved our partitions to another member while this batch ran. The
+            # database transaction already committed; whoever owns the partitions now gets
+            # these records again and its claims absorb them. Keep consuming.
+            log.warning("offsets not committed (%s): partitions were reassigned; redelivery is deduped", error)
 
     def _backoff(self, attempt: int) -> float:
         return float(min(self.config.backoff_max, self.config.backoff_initial * 2 ** (attempt - 1)))

@@ -1,0 +1,78 @@
+"""Offset commits after the group took our partitions away must not end the loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from flotilla.consumer import ConsumerLoop, LoopConfig
+from flotilla.settings import StackSettings
+
+
+class _Msg:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._t, self._p, self._o = topic, partition, offset
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+class _Consumer:
+    def __init__(self, error: int | None) -> None:
+        self.error = error
+        self.committed: list[list[TopicPartition]] = []
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        self.committed.append(offsets)
+        if self.error is not None:
+            raise KafkaException(KafkaError(self.error))
+
+
+def _loop(error: int | None) -> tuple[ConsumerLoop, _Consumer]:
+    # Nothing connects: Consumer/Producer construction is lazy, and no pool is used here.
+    loop = ConsumerLoop(
+        LoopConfig(name="t", topics=("t",), source="/t"),
+        StackSettings(),
+        serde=None,
+        pool=None,
+        handlers={},  # type: ignore[arg-type]
+    )
+    fake = _Consumer(error)
+    loop._consumer = fake  # type: ignore[assignment]
+    return loop, fake
+
+
+def _msgs() -> list[Any]:
+    return [_Msg("incidents", 0, 5), _Msg("incidents", 0, 7), _Msg("incidents", 3, 2)]
+
+
+def test_offsets_committed_are_one_past_the_highest_per_partition() -> None:
+    loop, fake = _loop(None)
+    loop._commit_offsets(_msgs())
+    assert {(tp.topic, tp.partition, tp.offset) for tp in fake.committed[0]} == {
+        ("incidents", 0, 8),
+        ("incidents", 3, 3),
+    }
+
+
+@pytest.mark.parametrize(
+    "code", [KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS]
+)
+def test_a_commit_refused_because_partitions_moved_is_survived(code: int) -> None:
+    loop, fake = _loop(code)
+    loop._commit_offsets(_msgs())  # logs, does not raise: redelivery is deduped
+    assert fake.committed
+
+
+def test_other_commit_failures_still_raise() -> None:
+    loop, _ = _loop(KafkaError._TRANSPORT)
+    with pytest.raises(KafkaException):
+        loop._commit_offsets(_msgs())
