@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import stackctl  # same folder: run as a script, its folder is on sys.path
-from stackctl import LOGS, STACK_HOME, StackError, Supervisor, tail
+from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 
 from flotilla import stackcheck
 from flotilla.settings import load_settings
@@ -102,16 +102,14 @@ def ready(member: Member) -> bool:
 
 
 def _wait_ready(member: Member) -> None:
-    log = LOGS / f"{member.name}.log"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if ready(member):
-            return
-        state = SUPERVISOR.states().get(member.name, "")
-        if state in ("FATAL", "BACKOFF", "EXITED"):
-            raise StackError(f"{member.name} failed to start ({state}); read {log}: {tail(log)}")
-        time.sleep(0.3)
-    raise StackError(f"{member.name} not ready on {url(member)} within {START_TIMEOUT_S:.0f}s; read {log}: {tail(log)}")
+    SUPERVISOR.wait_until_up(
+        member.name,
+        lambda: ready(member),
+        endpoint=url(member),
+        log=LOGS / f"{member.name}.log",
+        timeout=START_TIMEOUT_S,
+        interval=0.3,
+    )
 
 
 def up() -> None:

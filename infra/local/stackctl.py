@@ -161,6 +161,22 @@ serverurl=unix://{self.sock}
         while not self.sock.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    def wait_until_up(
+        self, program: str, check: Callable[[], bool], *, endpoint: str, log: Path, timeout: float, interval: float
+    ) -> None:
+        """Poll ``check`` until it passes; fail fast if supervisord gave the program up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            state = self.states().get(program, "")
+            if state in ("FATAL", "BACKOFF", "EXITED"):
+                raise StackError(f"{program} failed to start (supervisor state {state}); read {log}: {tail(log)}")
+            time.sleep(interval)
+        raise StackError(
+            f"{program} did not become healthy on {endpoint} within {timeout:.0f}s; read {log}: {tail(log)}"
+        )
+
     def shutdown(self, programs: list[str], timeout: float = 30) -> None:
         """Stop programs in the given order, then the daemon."""
         if not self.running():
@@ -684,19 +700,8 @@ environment={env_line({})}
 
 
 def _wait_healthy(comp: Component, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if comp.health():
-            return
-        state = SUPERVISOR.states().get(comp.name, "")
-        if state in ("FATAL", "BACKOFF", "EXITED"):
-            raise StackError(
-                f"{comp.name} failed to start (supervisor state {state}); read {comp.log}: " + tail(comp.log)
-            )
-        time.sleep(0.5)
-    raise StackError(
-        f"{comp.name} did not become healthy on {comp.endpoint} within {timeout:.0f}s; read {comp.log}: "
-        + tail(comp.log)
+    SUPERVISOR.wait_until_up(
+        comp.name, comp.health, endpoint=comp.endpoint, log=comp.log, timeout=timeout, interval=0.5
     )
 
 
