@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration lint format bench-outbox clean
+.PHONY: help install demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration browser lint format bench-outbox clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -62,7 +62,15 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint ## Lint, then every test (unit, integration, e2e) on the real stack
+CHROMIUM    ?= /usr/bin/chromium
+
+browser: ## Debian's chromium for the web console's browser test (installed when missing; needs root)
+	@test -x $(CHROMIUM) || { \
+	  [ "$$(id -u)" = 0 ] || { echo "error: $(CHROMIUM) is missing; run: sudo apt-get install -y chromium" >&2; exit 2; }; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+	@$(CHROMIUM) --version
+
+test: lint browser ## Lint, then every test (unit, integration, e2e) on the real stack
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## Only the fast unit tests (no stack)
