@@ -25,9 +25,11 @@ POLICY = Member("policy-service", "services.policy", "flotilla_policy", 18104)
 EXECUTOR = Member("executor", "services.executor", "flotilla_executor", 18105)
 AUDIT = Member("audit", "services.audit", "flotilla_audit", 18106)
 DLQ_RECONCILER = Member("dlq-reconciler", "services.dlq_reconciler", "flotilla_dlq", 18107)
+# The web console: a front end for people over the services' HTTP APIs (no database, no Kafka).
+CONSOLE = Member("console", "services.console", None, 18108)
 
 AGENTS = (HEALTH, DIAGNOSTIC, REMEDIATION, POLICY, EXECUTOR, AUDIT, DLQ_RECONCILER)
-FLEET = (SIM, *AGENTS)
+FLEET = (SIM, *AGENTS, CONSOLE)
 BY_NAME = {m.name: m for m in FLEET}
 
 

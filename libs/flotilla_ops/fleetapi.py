@@ -28,6 +28,20 @@ class FleetEndpoints(BaseSettings):
     executor_url: str = url(EXECUTOR)
     sim_url: str = url(SIM)
 
+    def service_of(self, target: str) -> str:
+        """Which service a URL (a :attr:`FleetApiError.url`) belongs to, in words."""
+        names = (
+            (self.policy_url, "policy service"),
+            (self.audit_url, "audit service"),
+            (self.dlq_url, "DLQ reconciler"),
+            (self.executor_url, "executor"),
+            (self.sim_url, "sim"),
+        )
+        for base, name in names:
+            if target.startswith(base.rstrip("/")):
+                return name
+        return target
+
 
 class FleetApiError(Exception):
     """A refusal or failure from one of the fleet's services."""
@@ -64,9 +78,16 @@ class FleetApi:
     """Synchronous calls to the running fleet. Reuse one instance: it keeps one
     connection pool (a new HTTP client costs tens of milliseconds)."""
 
-    def __init__(self, endpoints: FleetEndpoints | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoints: FleetEndpoints | None = None,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """``transport`` replaces the network (tests pass an ``httpx.MockTransport``)."""
         self.endpoints = endpoints or FleetEndpoints()
-        self._http = httpx.Client(timeout=timeout)
+        self._http = httpx.Client(timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()

@@ -1,0 +1,743 @@
+"""The web console against stand-in services (an ``httpx.MockTransport`` that answers as
+the policy service, audit and the DLQ reconciler do): login and logout, CSRF, approving
+the digest shown, refusals in words, unreachable services, the timeline and the DLQ."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from flotilla_ops.fleetapi import FleetApi, FleetEndpoints
+
+from flotilla.digest import command_digest
+from services.console import views
+from services.console.app import create_console_app
+from services.console.session import COOKIE_NAME, Session, SessionCodec
+from services.console.settings import ConsoleSettings
+from services.fleet import AGENTS, BY_NAME, CONSOLE, FLEET
+
+POLICY = "http://policy.test"
+AUDIT = "http://audit.test"
+DLQ = "http://dlq.test"
+EXECUTOR = "http://executor.test"
+SECRET = "s" * 40
+
+USERS = {"alice-token": ("alice", "approver"), "bob-token": ("bob", "viewer")}
+OPERATORS = {"operator-token": "operator"}
+
+INCIDENT = "incident-7"
+PROPOSAL = str(uuid.UUID(int=7))
+STEPS = [
+    {
+        "commandId": str(uuid.UUID(int=70)),
+        "type": "ScaleService",
+        "target": {"environment": "production", "name": "checkout-api"},
+        "params": {"replicas": 12},
+        "idempotencyKey": f"{INCIDENT}:scale:12",
+        "expiresAt": 1_900_000_000_000,
+    }
+]
+DIGEST = command_digest(STEPS)
+ENTRY = str(uuid.UUID(int=99))
+
+
+def _proposal(digest: str = DIGEST, status: str = "pending") -> dict[str, Any]:
+    return {
+        "proposalId": PROPOSAL,
+        "incidentId": INCIDENT,
+        "status": status,
+        "decision": "needs-approval",
+        "dryRun": False,
+        "summary": "scale checkout-api from 4 to 12 replicas",
+        "digest": digest,
+        "steps": STEPS,
+        "commands": [
+            {
+                "commandId": STEPS[0]["commandId"],
+                "kind": "scale",
+                "target": "production/checkout-api",
+                "description": "scale checkout-api to 12 replicas",
+                "idempotencyKey": f"{INCIDENT}:scale:12",
+                "expiresAt": "2030-03-17T17:46:40+00:00",
+            }
+        ],
+        "reasons": ["scaling beyond 2x in production needs a person"],
+        "policyIds": ["production-scale-2x"],
+        "decisionDetail": None,
+        "requiredRole": "approver",
+        "proposedBy": "remediation-agent",
+        "proposedAt": "2026-01-01T10:00:00+00:00",
+        "decidedAt": None,
+        "deadline": "2026-01-01T10:15:00+00:00",
+        "secondsLeft": 612.4,
+        "resources": ["production/checkout-api"],
+        "supersededBy": None,
+        "resolvedBy": None,
+        "resolvedAt": None,
+        "resolution": None,
+    }
+
+
+NAMESPACES = {
+    "DependencyFailureSuspected": "decisions",
+    "RecoveryApproved": "decisions",
+    "ScaleService": "commands",
+}
+
+
+def _entry(seq: int, kind: str, source: str, elapsed: int, value: dict[str, Any], cause: int | None) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "topic": "commands" if kind == "ScaleService" else "incidents",
+        "partition": 2,
+        "offset": 100 + seq,
+        "type": f"dev.flotilla.{NAMESPACES.get(kind, 'incidents')}.{kind}",  # as audit names them
+        "eventId": str(uuid.UUID(int=1000 + seq)),
+        "source": f"/flotilla/{source}",
+        "time": "2026-01-01T10:00:00.000Z",
+        "elapsedMs": elapsed,
+        "causationId": None if cause is None else str(uuid.UUID(int=1000 + cause)),
+        "causedBy": None
+        if cause is None
+        else {"seq": cause, "type": "dev.flotilla.incidents.X", "eventId": str(uuid.UUID(int=1000 + cause))},
+        "value": value,
+    }
+
+
+TIMELINE = [
+    _entry(1, "ServiceLatencyIncreased", "health-agent", 0, {"service": "checkout-api", "p95LatencyMs": 1831.0}, None),
+    _entry(
+        2,
+        "DependencyFailureSuspected",
+        "diagnostic-agent",
+        1520,
+        {
+            "service": "checkout-api",
+            "suspectedDependency": "payments-api",
+            "failureMode": "slow-responses",
+            "reasoning": {
+                "summary": "payments-api answers slowly and checkout waits on it",
+                "evidence": [
+                    {
+                        "kind": "metric",
+                        "source": "sim p95 of payments-api",
+                        "description": "payments-api p95 is far above its usual level",
+                        "observedValue": "1650 ms",
+                    }
+                ],
+                "confidence": 0.86,
+                "reasoner": "rules",
+                "model": None,
+            },
+            "concludedAt": 1_767_261_601_520,
+        },
+        1,
+    ),
+    _entry(3, "HumanApprovalRequired", "policy-service", 2100, {"proposalId": PROPOSAL, "digest": DIGEST}, 2),
+    _entry(4, "RecoveryApproved", "policy-service", 9000, {"approvedBy": "alice", "auto": False}, 3),
+    _entry(5, "ScaleService", "policy-service", 9001, {"replicas": 12}, 4),
+    _entry(6, "CommandFailed", "executor", 9200, {"errorClass": "Timeout", "errorMessage": "sim slow"}, 5),
+    _entry(7, "RecoveryExecuted", "executor", 9500, {"outcome": "checkout-api scaled from 4 to 12 replicas"}, 5),
+    _entry(8, "RecoveryCompleted", "health-agent", 15000, {"p95LatencyMs": 425.0, "thresholdMs": 500.0}, 7),
+]
+
+
+@dataclass
+class StandIns:
+    """The services the console talks to, in memory; records what they were sent."""
+
+    proposal: dict[str, Any] = field(default_factory=_proposal)
+    down: set[str] = field(default_factory=set)  # base URLs that refuse connections
+    expired: bool = False
+    requeued: bool = False
+    revoked: set[str] = field(default_factory=set)
+    decisions: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
+    requeues: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        base = f"{request.url.scheme}://{request.url.host}"
+        if base in self.down:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        auth = request.headers.get("authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        path = request.url.path
+        if base == POLICY:
+            return self._policy(request, path, token)
+        if base == AUDIT:
+            return self._audit(path)
+        if base == DLQ:
+            return self._dlq(request, path, token)
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    def _policy(self, request: httpx.Request, path: str, token: str | None) -> httpx.Response:
+        if token not in USERS or token in self.revoked:
+            return httpx.Response(401, json={"detail": "a valid bearer token is required"})
+        if path == "/approvals" and request.method == "GET":
+            status = request.url.params.get("status", "pending")
+            return httpx.Response(200, json=[self.proposal] if status in ("all", self.proposal["status"]) else [])
+        if path == f"/approvals/{PROPOSAL}" and request.method == "GET":
+            return httpx.Response(200, json=self.proposal)
+        m = re.fullmatch(r"/approvals/([^/]+)/(approve|reject)", path)
+        if m and request.method == "POST":
+            body = json.loads(request.content)
+            self.decisions.append((m.group(2), token, body))
+            user, role = USERS[token]
+            if m.group(1) != PROPOSAL:
+                return httpx.Response(404, json={"detail": f"no proposal {m.group(1)}", "policyIds": []})
+            if role != "approver":
+                return httpx.Response(403, json={"detail": f"{user} does not hold the approver role", "policyIds": []})
+            if body["digest"] != self.proposal["digest"]:
+                detail = f"digest mismatch: proposal {PROPOSAL} has digest {self.proposal['digest']}"
+                return httpx.Response(409, json={"detail": detail, "policyIds": []})
+            if self.expired:
+                detail = "approval deadline 2026-01-01T10:15:00+00:00 has passed: the proposal expired"
+                return httpx.Response(409, json={"detail": detail, "policyIds": []})
+            self.proposal["status"] = "approved" if m.group(2) == "approve" else "rejected"
+            return httpx.Response(
+                200,
+                json={
+                    "proposalId": PROPOSAL,
+                    "incidentId": INCIDENT,
+                    "status": self.proposal["status"],
+                    "by": user,
+                    "eventIds": [str(uuid.uuid4())],
+                    "commandIds": [STEPS[0]["commandId"]],
+                },
+            )
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    def _audit(self, path: str) -> httpx.Response:
+        summary = {
+            "incidentId": INCIDENT,
+            "status": "RESOLVED",
+            "firstAt": "2026-01-01T10:00:00.000Z",
+            "lastAt": "2026-01-01T10:00:15.000Z",
+            "entries": len(TIMELINE),
+        }
+        if path == "/incidents":
+            return httpx.Response(200, json={"incidents": [summary]})
+        if path == f"/incidents/{INCIDENT}/timeline":
+            return httpx.Response(200, json={**summary, "timeline": TIMELINE})
+        return httpx.Response(404, json={"detail": {"error": "no audited records for incident x"}})
+
+    def _dlq_entry(self) -> dict[str, Any]:
+        return {
+            "id": ENTRY,
+            "status": "requeued" if self.requeued else "quarantined",
+            "incidentId": INCIDENT,
+            "origin": {"topic": "incidents", "partition": 2, "offset": 41},
+            "dlq": {"topic": "incidents.dlq", "partition": 0, "offset": 3},
+            "consumer": "policy-service",
+            "reason": "invalid-record",
+            "errorClass": "BusinessRuleViolation",
+            "errorMessage": "replicas must be positive",
+            "firstFailureTime": "2026-01-01T10:00:01Z",
+            "attempts": 1,
+            "originalEventId": str(uuid.UUID(int=4242)),
+            "originalType": "dev.flotilla.decisions.RecoveryProposed",
+            "tags": [],
+            "sightings": 1,
+            "factEventId": None,
+            "quarantinedAt": "2026-01-01T10:00:02+00:00",
+            "requeue": None,
+            "headers": [
+                {"name": "ce_type", "text": "dev.flotilla.decisions.RecoveryProposed", "base64": "ZGV2"},
+                {"name": "dlq_reason", "text": "invalid-record", "base64": "aW52"},
+                {"name": "blob", "text": None, "base64": "AAEC"},
+            ],
+            "key": {"text": INCIDENT, "base64": "aW5j"},
+            "value": {
+                "base64": "AAAAAAE=",
+                "decoded": {
+                    "recordType": "dev.flotilla.decisions.RecoveryProposed",
+                    "schemaId": 7,
+                    "fields": {"x": -1},
+                },
+                "decodeError": None,
+            },
+            "requeuedValue": None,
+        }
+
+    def _dlq(self, request: httpx.Request, path: str, token: str | None) -> httpx.Response:
+        if path == "/quarantine":
+            return httpx.Response(200, json={"entries": [self._dlq_entry()]})
+        if path == f"/quarantine/{ENTRY}":
+            return httpx.Response(200, json=self._dlq_entry())
+        if path == f"/quarantine/{ENTRY}/requeue" and request.method == "POST":
+            body = json.loads(request.content) if request.content else {}
+            self.requeues.append((token, body))
+            if token not in OPERATORS:
+                return httpx.Response(401, json={"detail": {"error": "an operator bearer token is required"}})
+            if self.requeued:
+                return httpx.Response(409, json={"detail": {"error": "already re-queued", "id": ENTRY}})
+            value = body.get("value")
+            if value is not None and "x" in value:
+                problems = ["x: unknown field", "replicas: missing required field"]
+                error = "incidents-dev.flotilla.decisions.RecoveryProposed: record does not match its schema"
+                return httpx.Response(422, json={"detail": {"error": error, "problems": problems}})
+            self.requeued = True
+            return httpx.Response(
+                200,
+                json={
+                    "id": ENTRY,
+                    "status": "requeued",
+                    "eventId": str(uuid.UUID(int=4242)),
+                    "recordType": "dev.flotilla.decisions.RecoveryProposed",
+                    "sanitized": value is not None,
+                    "requeuedBy": OPERATORS[token],
+                    "requeuedFrom": "incidents.dlq/0@3",
+                    "requeuedTo": {"topic": "incidents", "partition": 2, "offset": 57},
+                },
+            )
+        return httpx.Response(404, json={"detail": {"error": "no such entry"}})
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("FLOTILLA_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent" / "stack.env"))
+
+
+@pytest.fixture()
+def services() -> StandIns:
+    return StandIns()
+
+
+def _settings(**extra: Any) -> ConsoleSettings:
+    return ConsoleSettings(
+        console_session_secret=SECRET,
+        policy_url=POLICY,
+        audit_url=AUDIT,
+        dlq_url=DLQ,
+        executor_url=EXECUTOR,
+        **extra,
+    )
+
+
+@pytest.fixture()
+def client(services: StandIns) -> Iterator[TestClient]:
+    settings = _settings()
+    api = FleetApi(settings.endpoints(), transport=httpx.MockTransport(services.handle))
+    with TestClient(create_console_app(settings, api), follow_redirects=False) as c:
+        yield c
+    api.close()
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+def login(client: TestClient, token: str = "alice-token") -> None:
+    form = client.get("/login")
+    done = client.post("/login", data={"token": token, "csrf": csrf_of(form.text), "next": "/approvals"})
+    assert done.status_code == 303, done.text
+    assert done.headers["location"] == "/approvals"
+
+
+def text_of(page: str) -> str:
+    """The page's text, tags dropped and whitespace collapsed (what a person reads)."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+# --------------------------------------------------------------------- surface
+
+
+def test_console_is_a_fleet_member_but_not_an_agent() -> None:
+    assert CONSOLE in FLEET and CONSOLE not in AGENTS
+    assert BY_NAME["console"] == CONSOLE
+    assert (CONSOLE.module, CONSOLE.database, CONSOLE.http_port) == ("services.console", None, 18108)
+
+
+def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = ConsoleSettings.load()
+    assert (defaults.service_name, defaults.http_host, defaults.http_port) == ("console", "127.0.0.1", 18108)
+    assert defaults.console_session_secret is None
+    assert defaults.policy_url == "http://127.0.0.1:18104"
+    monkeypatch.setenv("FLOTILLA_CONSOLE_SESSION_SECRET", SECRET)
+    monkeypatch.setenv("FLOTILLA_POLICY_URL", "http://policy:8080")
+    monkeypatch.setenv("FLOTILLA_HTTP_PORT", "9000")
+    configured = ConsoleSettings.load()
+    assert configured.console_session_secret is not None
+    assert configured.console_session_secret.get_secret_value() == SECRET
+    assert configured.endpoints().policy_url == "http://policy:8080"
+    assert configured.http_port == 9000
+
+
+def test_an_unset_secret_is_random_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    settings = ConsoleSettings(policy_url=POLICY)
+    with caplog.at_level("WARNING"):
+        create_console_app(settings, FleetApi(settings.endpoints()))
+    assert "FLOTILLA_CONSOLE_SESSION_SECRET is not set" in caplog.text
+
+
+def test_a_short_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 32"):
+        create_console_app(ConsoleSettings(console_session_secret="short"))
+
+
+def test_operational_endpoints(client: TestClient) -> None:
+    health = client.get("/healthz")
+    assert health.json() == {"status": "ok", "service": "console"}
+    assert "set-cookie" not in health.headers  # probes get no session
+    assert client.get("/readyz").status_code == 200
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert "flotilla_console_decisions_total" in metrics.text
+
+
+# ----------------------------------------------------------------------- session
+
+
+def test_session_cookie_is_signed_and_checked() -> None:
+    codec = SessionCodec(SECRET.encode())
+    session = Session.fresh(60, token="alice-token")
+    cookie = codec.dumps(session)
+    loaded = codec.loads(cookie)
+    assert loaded is not None and loaded.token == "alice-token" and loaded.csrf == session.csrf
+    body, mac = cookie.split(".")
+    forged_body = body[:-2] + ("AA" if body[-2:] != "AA" else "BB")
+    assert codec.loads(f"{forged_body}.{mac}") is None
+    assert SessionCodec(b"t" * 40).loads(cookie) is None  # another secret
+    assert codec.loads(cookie, now=time.time() + 120) is None  # expired
+    assert codec.loads("garbage") is None
+    assert codec.loads(None) is None
+
+
+def test_pages_need_a_login(client: TestClient) -> None:
+    for path in ("/approvals", f"/approvals/{PROPOSAL}", "/incidents", f"/incidents/{INCIDENT}", "/dlq"):
+        answer = client.get(path)
+        assert answer.status_code == 303, path
+        assert answer.headers["location"].startswith("/login?next=")
+
+
+def test_login_sets_a_signed_httponly_strict_cookie_and_logout_ends_it(client: TestClient) -> None:
+    login(client)
+    cookie = client.cookies.get(COOKIE_NAME)
+    assert cookie and "alice-token" not in cookie.split(".")[1]
+    page = client.get("/approvals")
+    assert page.status_code == 200
+    assert "signed in" in page.text and "Signed in." in page.text
+    # the login response's cookie attributes
+    client.cookies.clear()
+    form = client.get("/login")
+    done = client.post("/login", data={"token": "alice-token", "csrf": csrf_of(form.text)})
+    set_cookie = done.headers["set-cookie"].lower()
+    assert "httponly" in set_cookie and "samesite=strict" in set_cookie and "path=/" in set_cookie
+    # the login started a new session: the CSRF token of the login form is no longer valid
+    assert csrf_of(client.get("/approvals").text) != csrf_of(form.text)
+
+    out = client.post("/logout", data={"csrf": csrf_of(client.get("/approvals").text)})
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert "Signed out." in client.get("/login").text
+    assert client.get("/approvals").status_code == 303
+
+
+def test_login_with_an_unknown_token_is_refused(client: TestClient) -> None:
+    form = client.get("/login")
+    answer = client.post("/login", data={"token": "nobody-token", "csrf": csrf_of(form.text)})
+    assert answer.status_code == 401
+    assert "The policy service does not accept this token." in answer.text
+    assert client.get("/approvals").status_code == 303
+
+
+def test_login_redirects_only_within_the_console(client: TestClient) -> None:
+    form = client.get("/login?next=//evil.example/x")
+    assert 'name="next" value="/approvals"' in form.text
+    done = client.post(
+        "/login", data={"token": "alice-token", "csrf": csrf_of(form.text), "next": "https://evil.example/"}
+    )
+    assert done.headers["location"] == "/approvals"
+
+
+def test_posts_without_the_csrf_token_are_refused(client: TestClient, services: StandIns) -> None:
+    assert client.get("/login").status_code == 200
+    assert client.post("/login", data={"token": "alice-token"}).status_code == 403
+    login(client)
+    for path, data in (
+        (f"/approvals/{PROPOSAL}/approve", {"digest": DIGEST}),
+        (f"/approvals/{PROPOSAL}/reject", {"digest": DIGEST, "csrf": "forged"}),
+        (f"/dlq/{ENTRY}/requeue", {"operator_token": "operator-token"}),
+        ("/logout", {}),
+    ):
+        answer = client.post(path, data=data)
+        assert answer.status_code == 403, path
+        assert "CSRF" in answer.text
+    assert services.decisions == [] and services.requeues == []
+    assert client.get("/approvals").status_code == 200  # still signed in
+
+
+def test_a_tampered_cookie_is_an_anonymous_session(client: TestClient) -> None:
+    login(client)
+    cookie = client.cookies.get(COOKIE_NAME)
+    assert cookie is not None
+    client.cookies.clear()
+    client.cookies.set(COOKIE_NAME, cookie[:-3] + ("xyz" if not cookie.endswith("xyz") else "abc"))
+    assert client.get("/approvals").status_code == 303
+
+
+# --------------------------------------------------------------------- approvals
+
+
+def test_pending_approvals_are_listed(client: TestClient) -> None:
+    login(client)
+    page = client.get("/approvals")
+    assert page.status_code == 200
+    assert "scale checkout-api from 4 to 12 replicas" in page.text
+    assert f"/approvals/{PROPOSAL}" in page.text
+    assert 'data-seconds-left="612.4"' in page.text
+
+
+def test_the_approval_page_shows_the_full_context(client: TestClient) -> None:
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    assert page.status_code == 200
+    text = text_of(page.text)
+    assert DIGEST in text and "matches the steps shown" in text
+    assert "scale checkout-api to 12 replicas" in text and f"{INCIDENT}:scale:12" in text
+    assert "scaling beyond 2x in production needs a person" in text and "production-scale-2x" in text
+    # evidence from the diagnosis record in the audit timeline
+    assert "payments-api p95 is far above its usual level" in text and "1650 ms" in text
+    assert "confidence 0.86" in text and "payments-api answers slowly" in text
+    assert "DependencyFailureSuspected" in text and "ServiceLatencyIncreased" in text
+    assert 'data-seconds-left="612.4"' in page.text
+    assert f'name="digest" value="{DIGEST}"' in page.text
+
+
+def test_approve_sends_the_digest_shown_and_leads_to_the_timeline(client: TestClient, services: StandIns) -> None:
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    shown = re.search(r'id="shown-digest">([^<]+)<', page.text)
+    assert shown is not None
+    answer = client.post(f"/approvals/{PROPOSAL}/approve", data={"csrf": csrf_of(page.text), "digest": shown.group(1)})
+    assert answer.status_code == 303 and answer.headers["location"] == f"/incidents/{INCIDENT}"
+    assert services.decisions == [("approve", "alice-token", {"digest": shown.group(1)})]
+    timeline = client.get(answer.headers["location"])
+    assert "Approved by alice" in timeline.text
+
+
+def test_reject_sends_the_digest_and_the_reason(client: TestClient, services: StandIns) -> None:
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    client.post(
+        f"/approvals/{PROPOSAL}/reject",
+        data={"csrf": csrf_of(page.text), "digest": DIGEST, "reason": "wrong service"},
+    )
+    assert services.decisions == [("reject", "alice-token", {"digest": DIGEST, "reason": "wrong service"})]
+
+
+def _decide_and_read(client: TestClient, digest: str = DIGEST) -> str:
+    page = client.get(f"/approvals/{PROPOSAL}")
+    answer = client.post(f"/approvals/{PROPOSAL}/approve", data={"csrf": csrf_of(page.text), "digest": digest})
+    assert answer.status_code == 303 and answer.headers["location"] == f"/approvals/{PROPOSAL}"
+    return text_of(client.get(answer.headers["location"]).text)
+
+
+def test_a_viewer_is_refused_with_a_clear_message(client: TestClient, services: StandIns) -> None:
+    login(client, "bob-token")
+    text = _decide_and_read(client)
+    assert "Refused (403)" in text and "bob does not hold the approver role" in text
+    assert services.proposal["status"] == "pending"
+
+
+def test_a_changed_proposal_is_a_digest_mismatch(client: TestClient, services: StandIns) -> None:
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    services.proposal["digest"] = "sha256:" + "0" * 64  # the commands changed after the page was shown
+    client.post(f"/approvals/{PROPOSAL}/approve", data={"csrf": csrf_of(page.text), "digest": DIGEST})
+    text = text_of(client.get(f"/approvals/{PROPOSAL}").text)
+    assert "Refused (409 digest mismatch)" in text and "Nothing was approved" in text
+    assert services.decisions[0][2] == {"digest": DIGEST}
+
+
+def test_an_expired_proposal_is_refused_with_a_clear_message(client: TestClient, services: StandIns) -> None:
+    services.expired = True
+    login(client)
+    text = _decide_and_read(client)
+    assert "Refused (409 expired)" in text and "deadline has passed" in text
+
+
+def test_a_digest_that_does_not_match_the_steps_is_flagged(client: TestClient, services: StandIns) -> None:
+    services.proposal["digest"] = "sha256:" + "1" * 64
+    login(client)
+    assert "does not match the steps shown" in client.get(f"/approvals/{PROPOSAL}").text
+
+
+def test_a_revoked_token_signs_the_person_out(client: TestClient, services: StandIns) -> None:
+    login(client)
+    services.revoked.add("alice-token")
+    answer = client.get("/approvals")
+    assert answer.status_code == 303 and answer.headers["location"] == "/login"
+    assert "no longer accepts your token" in client.get("/login").text
+    assert client.get("/approvals").status_code == 303
+
+
+# ----------------------------------------------------------------- unreachable
+
+
+def test_an_unreachable_policy_service_is_a_page_not_a_traceback(client: TestClient, services: StandIns) -> None:
+    services.down.add(POLICY)
+    form = client.get("/login")
+    refused = client.post("/login", data={"token": "alice-token", "csrf": csrf_of(form.text)})
+    assert refused.status_code == 503
+    assert "policy service unreachable" in refused.text
+    services.down.clear()
+    login(client)
+    services.down.add(POLICY)
+    for path in ("/approvals", f"/approvals/{PROPOSAL}"):
+        page = client.get(path)
+        assert page.status_code == 503, path
+        assert "policy service unreachable" in page.text
+        assert "Traceback" not in page.text
+    page = client.get(f"/approvals/{PROPOSAL}")
+    answer = client.post(f"/approvals/{PROPOSAL}/approve", data={"csrf": csrf_of(page.text), "digest": DIGEST})
+    assert answer.status_code == 503 and "policy service unreachable" in answer.text
+
+
+def test_an_unreachable_audit_service(client: TestClient, services: StandIns) -> None:
+    login(client)
+    services.down.add(AUDIT)
+    for path in ("/incidents", f"/incidents/{INCIDENT}"):
+        page = client.get(path)
+        assert page.status_code == 503 and "audit service unreachable" in page.text
+    # the approval itself still shows, with the timeline's problem in its place
+    page = client.get(f"/approvals/{PROPOSAL}")
+    assert page.status_code == 200 and "audit service unreachable" in page.text
+
+
+def test_an_unreachable_dlq_reconciler(client: TestClient, services: StandIns) -> None:
+    login(client)
+    services.down.add(DLQ)
+    page = client.get("/dlq")
+    assert page.status_code == 503 and "DLQ reconciler unreachable" in page.text
+
+
+# ------------------------------------------------------------------- incidents
+
+
+def test_incident_list(client: TestClient) -> None:
+    login(client)
+    page = client.get("/incidents")
+    assert page.status_code == 200
+    assert f"/incidents/{INCIDENT}" in page.text and "RESOLVED" in page.text
+    assert f"/approvals/{PROPOSAL}" in page.text  # awaiting approval badge
+
+
+def test_the_timeline_shows_every_record_and_the_outcome(client: TestClient) -> None:
+    login(client)
+    page = client.get(f"/incidents/{INCIDENT}")
+    assert page.status_code == 200
+    for entry in TIMELINE:
+        assert f'id="seq-{entry["seq"]}"' in page.text
+        assert f'data-type="{entry["type"].rsplit(".", 1)[-1]}"' in page.text
+        assert entry["source"] in page.text
+    text = text_of(page.text)
+    assert "+9500 ms" in text and "checkout-api scaled from 4 to 12 replicas" in text
+    assert "CommandFailed" in text and "Timeout sim slow" in text
+    assert "RecoveryCompleted" in text and "p95 425.0 ms" in text
+    assert 'href="#seq-5"' in page.text  # causation links to the causing entry
+    for kind in ("RecoveryApproved", "CommandFailed", "RecoveryExecuted", "RecoveryCompleted"):
+        assert '<li class="tone-' in page.text and f'data-type="{kind}"><a href="#seq-' in page.text, kind
+    assert 'class="tone-bad" data-type="CommandFailed"' in page.text
+    assert "2026-01-01T10:00:01.520Z" in text  # a timestamp field decoded
+    assert "suspectedDependency" in text and "payments-api" in text
+
+
+def test_evidence_comes_from_diagnoses_not_from_every_proposal_or_dead_letter() -> None:
+    reasoning = {"summary": "s", "evidence": [{"kind": "metric"}], "confidence": 0.5, "reasoner": "rules"}
+    timeline = [
+        {"seq": 1, "topic": "incidents", "type": "dev.flotilla.decisions.DependencyFailureSuspected",
+         "value": {"reasoning": reasoning}},
+        {"seq": 2, "topic": "incidents", "type": "dev.flotilla.decisions.RecoveryProposed",
+         "value": {"proposalId": "p1", "reasoning": reasoning}},
+        {"seq": 3, "topic": "incidents", "type": "dev.flotilla.decisions.RecoveryProposed",
+         "value": {"proposalId": "p2", "reasoning": reasoning}},
+        {"seq": 4, "topic": "incidents.dlq", "type": "dev.flotilla.decisions.DependencyFailureSuspected",
+         "value": {"reasoning": reasoning}},
+        {"seq": 5, "topic": "incidents", "type": "dev.flotilla.incidents.ServiceLatencyIncreased", "value": {}},
+    ]  # fmt: skip
+    assert [d.seq for d in views.diagnoses(timeline)] == [1]
+    assert [d.seq for d in views.diagnoses(timeline, proposal_id="p2")] == [1, 3]
+    assert views.diagnoses(timeline)[0].record_type == "DependencyFailureSuspected"
+    assert views.tone("dev.flotilla.incidents.CommandFailed") == "bad"
+    assert views.digest_matches(STEPS, DIGEST) is True
+    assert views.digest_matches(STEPS, "sha256:" + "0" * 64) is False
+    assert views.digest_matches([], DIGEST) is None
+
+
+def test_an_unknown_incident_is_a_404_page(client: TestClient) -> None:
+    login(client)
+    page = client.get("/incidents/incident-404")
+    assert page.status_code == 404 and "no audited records" in page.text
+
+
+# -------------------------------------------------------------------------- DLQ
+
+
+def test_dlq_list_and_detail(client: TestClient) -> None:
+    login(client)
+    listing = client.get("/dlq?status=quarantined")
+    assert listing.status_code == 200 and f"/dlq/{ENTRY}" in listing.text and "invalid-record" in listing.text
+    detail = client.get(f"/dlq/{ENTRY}")
+    text = text_of(detail.text)
+    assert "BusinessRuleViolation" in text and "replicas must be positive" in text
+    assert "dlq_reason" in text and "(binary) AAEC" in text
+    assert "schema id 7" in text and '"x": -1' in html.unescape(detail.text)
+
+
+def test_requeue_with_an_operator_token(client: TestClient, services: StandIns) -> None:
+    login(client)
+    page = client.get(f"/dlq/{ENTRY}")
+    answer = client.post(
+        f"/dlq/{ENTRY}/requeue", data={"csrf": csrf_of(page.text), "operator_token": "operator-token", "value": ""}
+    )
+    assert answer.status_code == 303
+    assert services.requeues == [("operator-token", {})]
+    assert "Re-queued dev.flotilla.decisions.RecoveryProposed" in client.get(f"/dlq/{ENTRY}").text
+
+
+def test_requeue_problems_are_shown(client: TestClient, services: StandIns) -> None:
+    login(client)
+    csrf = csrf_of(client.get(f"/dlq/{ENTRY}").text)
+    # not JSON: nothing is sent
+    bad_json = client.post(
+        f"/dlq/{ENTRY}/requeue", data={"csrf": csrf, "operator_token": "operator-token", "value": "{x"}
+    )
+    assert bad_json.status_code == 422 and "not valid JSON" in bad_json.text
+    assert services.requeues == []
+    # the schema refuses the sanitized value: the problems, by field, and the text kept
+    refused = client.post(
+        f"/dlq/{ENTRY}/requeue", data={"csrf": csrf, "operator_token": "operator-token", "value": '{"x": 1}'}
+    )
+    assert refused.status_code == 422
+    assert "x: unknown field" in refused.text and "replicas: missing required field" in refused.text
+    assert '>{"x": 1}</textarea>' in html.unescape(refused.text)
+    # an unknown operator token: refused, and the person stays signed in
+    unknown = client.post(f"/dlq/{ENTRY}/requeue", data={"csrf": csrf, "operator_token": "nope", "value": ""})
+    assert unknown.status_code == 401 and "does not accept this operator token" in unknown.text
+    assert client.get("/approvals").status_code == 200
+    # a second re-queue
+    services.requeued = True
+    again = client.post(f"/dlq/{ENTRY}/requeue", data={"csrf": csrf, "operator_token": "operator-token", "value": ""})
+    assert again.status_code == 409 and "already re-queued" in again.text
+
+
+def test_the_endpoints_name_their_service() -> None:
+    endpoints = FleetEndpoints(policy_url=POLICY, audit_url=AUDIT, dlq_url=DLQ, executor_url=EXECUTOR)
+    assert endpoints.service_of(f"{POLICY}/approvals") == "policy service"
+    assert endpoints.service_of(f"{DLQ}/quarantine/1") == "DLQ reconciler"
+    assert endpoints.service_of("http://elsewhere/x") == "http://elsewhere/x"
