@@ -87,6 +87,8 @@ class LoopConfig:
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     follow_workflow: bool = True  # gate incident records on the workflow state machine
+    # How often librdkafka reports statistics, from which flotilla_consumer_lag is read; 0: never.
+    stats_interval_ms: int = 5000
     budgets: Budgets | None = None  # enforce per-incident budgets (one service owns this)
     kafka: Mapping[str, str | int | bool] = field(default_factory=dict)
 
@@ -169,19 +171,27 @@ class ConsumerLoop:
         self._handlers = dict(handlers)
         self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets
         self._stopping = threading.Event()
+        self._bootstrap = settings.kafka_bootstrap
         self._dlq = DeadLetterPublisher(settings.kafka_bootstrap, config.name)
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": config.name,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 50,
-                **config.kafka,
-            }
-        )
+        self._lag = metrics.ConsumerLag(config.name)
+        self._consumer = Consumer(self.kafka_config())
         self._subscribed = False
+
+    def kafka_config(self) -> dict[str, Any]:
+        """The consumer's librdkafka configuration (``config.kafka`` wins)."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self._bootstrap,
+            "group.id": self.config.name,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        }
+        if self.config.stats_interval_ms > 0:
+            # Served from poll()/consume() on the loop's own thread.
+            conf["statistics.interval.ms"] = self.config.stats_interval_ms
+            conf["stats_cb"] = self._lag
+        return {**conf, **self.config.kafka}
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -208,6 +218,7 @@ class ConsumerLoop:
                 self.poll_once()
         finally:
             self._consumer.close()
+            self._lag.clear()
 
     def poll_once(self) -> int:
         """Consume one batch and process it; returns how many records it held."""
@@ -482,6 +493,11 @@ class ConsumerLoop:
     def _report_loop(self, dropped: Incoming, pending: list[OutboxRow]) -> None:
         """A record whose hop budget is spent: count it and report it once, never handle it."""
         envelope = dropped.envelope
+        if envelope.type not in self._handlers:
+            # Not ours to act on anyway: every service reads `incidents`, and only a
+            # consumer that would have handled the record reports the loop it cut (else
+            # one spent record would be reported once per service in the fleet).
+            return
         metrics.LOOP_DROPS.labels(self.config.name).inc()
         log.warning("dropping %s %s: hop budget spent", envelope.type, envelope.id)
         if envelope.type == LOOP_TERMINATED:

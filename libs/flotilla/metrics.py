@@ -6,7 +6,12 @@ works for all seven services without per-service queries.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import json
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram
+
+log = logging.getLogger(__name__)
 
 RECORDS_CONSUMED = Counter(
     "flotilla_records_consumed_total", "Records taken off a topic by a consumer loop.", ["consumer", "topic"]
@@ -47,3 +52,49 @@ RETRIES = Counter("flotilla_handler_retries_total", "Handler attempts retried af
 BUDGETS_EXCEEDED = Counter(
     "flotilla_budget_exceeded_total", "Incidents routed to a human for exceeding a budget.", ["consumer", "budget"]
 )
+CONSUMER_LAG = Gauge(
+    "flotilla_consumer_lag",
+    "Records between a partition's end and the consumer's committed offset, per assigned partition.",
+    ["consumer", "topic", "partition"],
+)
+
+
+class ConsumerLag:
+    """librdkafka's ``stats_cb``: keeps ``flotilla_consumer_lag`` in step with one consumer.
+
+    librdkafka already knows each assigned partition's end offset (from its fetch
+    responses) and the group's committed offset, and reports their difference as
+    ``topics.<t>.partitions.<p>.consumer_lag`` every ``statistics.interval.ms``. Reading
+    that costs no request to the broker; asking for watermarks and committed offsets
+    ourselves would cost two per partition per scrape. A partition that is no longer
+    reported with a known lag (revoked, or nothing committed yet: -1) loses its series,
+    so a dashboard never shows the lag of a partition this process stopped owning.
+    """
+
+    def __init__(self, consumer: str) -> None:
+        self.consumer = consumer
+        self._shown: set[tuple[str, str]] = set()
+
+    def __call__(self, stats_json: str) -> None:
+        try:
+            stats = json.loads(stats_json)
+        except ValueError:
+            log.warning("unreadable librdkafka statistics for %s", self.consumer)
+            return
+        seen: set[tuple[str, str]] = set()
+        for topic, detail in (stats.get("topics") or {}).items():
+            for partition, numbers in (detail.get("partitions") or {}).items():
+                lag = numbers.get("consumer_lag", -1)
+                if partition == "-1" or not isinstance(lag, int) or lag < 0:  # -1: librdkafka's internal partition
+                    continue
+                CONSUMER_LAG.labels(self.consumer, topic, partition).set(lag)
+                seen.add((topic, partition))
+        for topic, partition in self._shown - seen:
+            CONSUMER_LAG.remove(self.consumer, topic, partition)
+        self._shown = seen
+
+    def clear(self) -> None:
+        """Drop every series of this consumer (it closed)."""
+        for topic, partition in self._shown:
+            CONSUMER_LAG.remove(self.consumer, topic, partition)
+        self._shown = set()

@@ -245,6 +245,7 @@ class Session:
                 lease,
             )
         except StaleFencingToken as exc:
+            leases.FENCING_REJECTIONS.labels("target").inc()
             return self._failed(step, lease, STALE_FENCING_TOKEN, str(exc), retryable=False, attempt=attempt)
         except TargetRejected as exc:
             return self._failed(step, lease, TARGET_REJECTED, str(exc), retryable=False, attempt=attempt)

@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 
 from flotilla.handling import BusinessRuleViolation
 from services.executor.commands import Step
-from services.executor.leases import Lease, LeaseLost
+from services.executor.leases import Lease, fenced_out
 
 
 class State(enum.StrEnum):
@@ -150,7 +150,7 @@ def begin(conn: psycopg.Connection[Any], step: Step, lease: Lease) -> Begun | Ex
         ).fetchone()
     restamped = _execution(row)
     if restamped is None:  # the row carries our epoch or a newer one: not ours to take
-        raise LeaseLost(f"{step.idempotency_key} is held at epoch {found.epoch}, not below {lease.epoch}")
+        raise fenced_out(f"{step.idempotency_key} is held at epoch {found.epoch}, not below {lease.epoch}")
     return Begun(restamped, in_doubt=True)
 
 
@@ -189,4 +189,4 @@ def settle(
         ),
     ).fetchone()
     if updated is None:
-        raise LeaseLost(f"cannot record {key}: epoch {lease.epoch} on {lease.resource} is no longer current")
+        raise fenced_out(f"cannot record {key}: epoch {lease.epoch} on {lease.resource} is no longer current")

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
+from prometheus_client import Counter
 
 T = TypeVar("T")
 
@@ -37,6 +38,21 @@ class LeaseUnavailable(Exception):
 
 class LeaseLost(Exception):
     """Our epoch is no longer the resource's current one: a newer holder took over."""
+
+
+# by="executor": one of our own fenced writes found a newer epoch (LeaseLost, raised through
+# fenced_out); by="target": the target refused our fencing token (services.executor.execution).
+FENCING_REJECTIONS = Counter(
+    "flotilla_executor_fencing_rejections_total",
+    "Writes refused because a newer lease epoch exists, by who refused (executor, target).",
+    ["by"],
+)
+
+
+def fenced_out(message: str) -> LeaseLost:
+    """A LeaseLost for a fenced write of ours that matched no row, counted."""
+    FENCING_REJECTIONS.labels("executor").inc()
+    return LeaseLost(message)
 
 
 @dataclass(frozen=True)
@@ -92,7 +108,7 @@ def renew(conn: psycopg.Connection[Any], lease: Lease, ttl_seconds: float) -> Le
     row = conn.execute(_RENEW, (ttl_seconds, lease.resource, lease.epoch)).fetchone()
     renewed = _lease(row)
     if renewed is None:
-        raise LeaseLost(f"lease on {lease.resource} at epoch {lease.epoch} was taken over")
+        raise fenced_out(f"lease on {lease.resource} at epoch {lease.epoch} was taken over")
     return renewed
 
 
@@ -100,7 +116,7 @@ def release(conn: psycopg.Connection[Any], lease: Lease) -> None:
     """Let the lease go (fenced: raises LeaseLost if it is no longer ours). The row stays
     locked until the caller's transaction ends."""
     if conn.execute(_RELEASE, (lease.resource, lease.epoch)).fetchone() is None:
-        raise LeaseLost(f"lease on {lease.resource} at epoch {lease.epoch} was taken over")
+        raise fenced_out(f"lease on {lease.resource} at epoch {lease.epoch} was taken over")
 
 
 def current(conn: psycopg.Connection[Any], resource: str) -> Lease | None:

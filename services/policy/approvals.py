@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from flotilla.runner import ServiceContext
 from flotilla.workflow import WorkflowStore
@@ -45,6 +45,9 @@ PERSON_DECISIONS = Counter(
     "flotilla_policy_person_decisions_total", "Approvals and rejections over HTTP", ["action", "result"]
 )
 EXPIRED = Counter("flotilla_policy_approvals_expired_total", "Pending approvals that expired")
+PENDING = Gauge(
+    "flotilla_policy_approvals_pending", "Proposals waiting for a person's decision (counted at every expiry sweep)."
+)
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,9 @@ def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 
 
 
 def sweep(svc: ServiceContext) -> None:
-    """The periodic task: expire what is due, in batches, until nothing is."""
+    """The periodic task: expire what is due, in batches, until nothing is; then count
+    what is still waiting for a person."""
     while len(expire(svc)) == 100 and not svc.stopping.is_set():
         pass
+    with svc.pool.connection() as conn:
+        PENDING.set(store.count_pending(conn))

@@ -135,6 +135,12 @@ def listing(conn: psycopg.Connection[Any], status: ProposalStatus | None, *, lim
     )
 
 
+def count_pending(conn: psycopg.Connection[Any]) -> int:
+    """How many proposals wait for a person's decision."""
+    row = conn.execute("SELECT count(*) FROM policy_proposals WHERE status = 'pending'").fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 @dataclass(frozen=True)
 class NewProposal:
     proposal_id: str

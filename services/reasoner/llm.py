@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
+from prometheus_client import Counter
 
 from services.reasoner.base import ReasoningFailed
 from services.reasoner.decision import (
@@ -36,6 +37,14 @@ NAME = "llm"
 ATTEMPTS = 2  # the first answer and one retry with the validation errors
 
 T = TypeVar("T")
+
+# Labelled with the configured model (FLOTILLA_LLM_MODEL), not the name a server echoes
+# back (often a dated snapshot), so the series stay few and match the settings.
+LLM_TOKENS = Counter(
+    "flotilla_llm_tokens_total",
+    "Model tokens spent by the LLM reasoner, rejected answers included, by model and kind (prompt, completion).",
+    ["model", "kind"],
+)
 
 DIAGNOSE_SYSTEM = """\
 You are the diagnostic agent of an incident-response system. A service is slow. From the \
@@ -190,6 +199,8 @@ class LLMReasoner:
                 ) from exc
             if completion.usage is not None:
                 usage += TokenUsage(completion.usage.prompt_tokens, completion.usage.completion_tokens)
+                LLM_TOKENS.labels(self.model, "prompt").inc(completion.usage.prompt_tokens)
+                LLM_TOKENS.labels(self.model, "completion").inc(completion.usage.completion_tokens)
             choice = completion.choices[0] if completion.choices else None
             text = choice.message.content if choice is not None else None
             try:

@@ -229,6 +229,22 @@ def test_a_record_with_no_hops_left_is_dropped_and_reported(
     assert outbox_types(stack, incident) == ["dev.flotilla.incidents.LoopTerminated"]  # reported once
 
 
+def test_a_spent_record_the_loop_does_not_handle_is_not_reported(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    """Every service reads `incidents`: only one that would have handled the record reports it."""
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    value, env = latency_fact(incident)
+    spent = Envelope(type="dev.flotilla.incidents.RecoveryCompleted", source=env.source, correlationid=incident, hops=0)
+    produce(stack, topic, [(incident, serde.serialize("incidents", SERVICE_LATENCY_INCREASED, value), spent.headers())])
+    loop, pool = build_loop(stack, topic=topic, database=database, group=f"g-{topic}")
+    try:
+        drain(loop, 1)
+    finally:
+        pool.close()
+    assert outbox_types(stack, incident) == []
+
+
 def test_a_stale_transition_is_recorded_and_skipped(
     stack: StackSettings, serde: AvroSerde, database: str, topic: str
 ) -> None:
