@@ -29,6 +29,10 @@ FAULT = {"service": "payments-api", "kind": "dependency-slow"}
 APPROVER_TOKEN = os.environ.get("DEMO_APPROVER_TOKEN", "alice-token")
 AUTO_APPROVE = os.environ.get("DEMO_AUTO_APPROVE") == "1"
 TIMEOUT_S = float(os.environ.get("DEMO_TIMEOUT_SECONDS", "1200"))
+# Where the fleet answers: 127.0.0.1 locally; docker compose points these at the containers.
+SIM_URL = os.environ.get("FLOTILLA_SIM_URL", url(SIM))
+POLICY_URL = os.environ.get("FLOTILLA_POLICY_URL", url(POLICY))
+AUDIT_URL = os.environ.get("FLOTILLA_AUDIT_URL", url(AUDIT))
 
 SUCCESS = "RecoveryCompleted"
 FAILURE = {"RecoveryFailed", "IncidentEscalated", "CommandDenied", "ApprovalExpired", "RecoveryRejected"}
@@ -84,7 +88,7 @@ def summary(kind: str, value: dict[str, Any]) -> str:
 
 def approve_command(proposal: str, digest: str) -> str:
     return (
-        f"curl -s -X POST {url(POLICY)}/approvals/{proposal}/approve "
+        f"curl -s -X POST {POLICY_URL}/approvals/{proposal}/approve "
         f"-H 'Authorization: Bearer {APPROVER_TOKEN}' -H 'Content-Type: application/json' "
         f"-d '{json.dumps({'digest': digest})}'"
     )
@@ -95,8 +99,8 @@ def main() -> int:
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
     consumer = tail_consumer(settings.kafka_bootstrap, ["incidents", "commands"])
-    http("POST", f"{url(SIM)}/reset", {})
-    fault = http("POST", f"{url(SIM)}/faults", FAULT)
+    http("POST", f"{SIM_URL}/reset", {})
+    fault = http("POST", f"{SIM_URL}/faults", FAULT)
     started = time.monotonic()
     print(f"[{0:7.2f}s] fault injected: {FAULT['service']} {FAULT['kind']} (id {fault.get('id')}); watching {SERVICE}")
     incident: str | None = None
@@ -126,7 +130,7 @@ def main() -> int:
                 print(f"{'':10} DEMO_AUTO_APPROVE=1: approving as the approver")
                 http(
                     "POST",
-                    f"{url(POLICY)}/approvals/{value['proposalId']}/approve",
+                    f"{POLICY_URL}/approvals/{value['proposalId']}/approve",
                     {"digest": value["digest"]},
                     APPROVER_TOKEN,
                 )
@@ -144,7 +148,7 @@ def main() -> int:
         return 1
     print(f"incident {incident}: {outcome}")
     try:
-        verdict = http("GET", f"{url(AUDIT)}/verify")
+        verdict = http("GET", f"{AUDIT_URL}/verify")
     except urllib.error.URLError as exc:
         print(f"audit verification unavailable: {exc}")
         return 1

@@ -1,0 +1,100 @@
+"""Make a stack ready for a fleet, in one idempotent run.
+
+    python -m flotilla.prepare --outbox flotilla_health --outbox flotilla_policy ... \\
+                               --database flotilla_audit
+
+1. registers every contract in ``schemas/`` with the registry (``flotilla.contracts``);
+2. for each ``--outbox`` database: the database, its outbox table and a RUNNING Debezium
+   outbox connector (``flotilla.bootstrap.bootstrap_outbox``);
+3. for each ``--database``: the database alone (a service that publishes nothing).
+
+Services do steps 2 and 3 for themselves at start-up as well; running them first (the
+``fleet-init`` job of docker compose) surfaces a broken registry, Connect worker or
+database once, by name, instead of as eight services failing to become ready. Steps are
+retried on connection errors until ``--timeout``; a contract the registry refuses as
+incompatible fails at once. Settings are the usual ``FLOTILLA_*`` ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from flotilla import bootstrap, contracts
+from flotilla.serde import registry_client
+from flotilla.settings import StackSettings, load_settings
+
+log = logging.getLogger("flotilla.prepare")
+
+T = TypeVar("T")
+
+
+def _retrying(what: str, step: Callable[[], T], deadline: float, pause: float) -> T:
+    while True:
+        try:
+            return step()
+        except contracts.IncompatibleSchemaError:
+            raise  # asking again will not change the registry's mind
+        except Exception as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("%s failed (%s: %s); retrying in %.0fs", what, exc.__class__.__name__, exc, pause)
+            time.sleep(pause)
+
+
+def prepare(
+    settings: StackSettings,
+    *,
+    outbox: Sequence[str] = (),
+    databases: Sequence[str] = (),
+    schemas: bool = True,
+    timeout: float = 180.0,
+    pause: float = 2.0,
+) -> None:
+    """Contracts, then every outbox database with its connector, then plain databases."""
+    deadline = time.monotonic() + timeout
+    if schemas:
+        client = registry_client(settings.schema_registry_url)
+        ids = _retrying("registering the contracts", lambda: contracts.register_all(client), deadline, pause)
+        log.info("%d contracts registered", len(ids))
+    for database in outbox:
+        left = max(1.0, deadline - time.monotonic())
+        step = functools.partial(bootstrap.bootstrap_outbox, settings, database, timeout=left)
+        name = _retrying(f"outbox of {database}", step, deadline, pause)
+        log.info("%s: outbox table and connector %s running", database, name)
+    for database in databases:
+        ensure = functools.partial(bootstrap.ensure_database, settings, database)
+        _retrying(f"database {database}", ensure, deadline, pause)
+        log.info("%s: database ready", database)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flotilla.prepare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--outbox", action="append", default=[], metavar="DATABASE", help="a publishing database")
+    parser.add_argument("--database", action="append", default=[], metavar="DATABASE", help="a database only")
+    parser.add_argument("--no-schemas", action="store_true", help="do not register the contracts")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to keep retrying (default 180)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        prepare(
+            load_settings(),
+            outbox=args.outbox,
+            databases=args.database,
+            schemas=not args.no_schemas,
+            timeout=args.timeout,
+        )
+    except Exception as exc:
+        log.error("not prepared: %s: %s", exc.__class__.__name__, exc)
+        return 1
+    log.info("the stack is ready for the fleet")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

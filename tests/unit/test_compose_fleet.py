@@ -1,0 +1,605 @@
+"""The fleet part of docker-compose.yml, the Dockerfile and the observability configs,
+checked against the code they run: services/fleet.py, each service's settings class,
+flotilla.prepare, infra/local/demo.py and the pyproject package data.
+
+No Docker engine runs here, so nothing is built or started: the files are read and
+compared with the Python that will read the variables they set.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import http.server
+import importlib
+import inspect
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+from flotilla.service import ServiceSettings
+from flotilla.settings import StackSettings
+from flotilla.testing import containers
+from services import fleet
+from services.fleet import Member
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+DOCKERIGNORE = REPO_ROOT / ".dockerignore"
+DEMO = REPO_ROOT / "infra" / "local" / "demo.py"
+DEMO_ENV = REPO_ROOT / "infra" / "compose" / "demo.env"
+OBSERVABILITY = REPO_ROOT / "infra" / "observability"
+PROMETHEUS_CONFIG = OBSERVABILITY / "prometheus" / "prometheus.yml"
+GRAFANA = OBSERVABILITY / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "flotilla.json"
+
+IMAGE = "flotilla/flotilla:0.1.0"
+MEMBERS: dict[str, Member] = {m.name: m for m in fleet.FLEET}
+INIT = "fleet-init"
+DEMO_JOB = "incident"
+OBSERVERS = ("prometheus", "grafana")
+STACK_KEYS = {f"FLOTILLA_{name.upper()}" for name in StackSettings.model_fields}
+INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?([^}]*)\}")
+
+
+# ------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(COMPOSE_FILE.read_text())
+    svc = doc["services"]
+    assert isinstance(svc, dict)
+    return svc
+
+
+def resolved(value: object) -> str:
+    """A compose value as `docker compose up` sees it without an .env: defaults applied."""
+
+    def default(match: re.Match[str]) -> str:
+        assert match.group(2) == ":-", f"${{{match.group(1)}}} has no default: plain `docker compose up` would fail"
+        return match.group(3)
+
+    return INTERPOLATION.sub(default, str(value))
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    return {k: resolved(v) for k, v in (service.get("environment") or {}).items()}
+
+
+def settings_class(member: Member) -> type[ServiceSettings]:
+    """The ServiceSettings subclass declared in ``<module>.settings``."""
+    module = importlib.import_module(f"{member.module}.settings")
+    found = [
+        cls
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, ServiceSettings) and cls.__module__ == module.__name__
+    ]
+    assert len(found) == 1, f"{member.module}.settings declares {found}"
+    return found[0]
+
+
+def env_names(cls: type[BaseSettings]) -> set[str]:
+    return {f"FLOTILLA_{name.upper()}" for name in cls.model_fields}
+
+
+def listen_port(member: Member, env: dict[str, str]) -> int:
+    key = "FLOTILLA_SIM_PORT" if member is fleet.SIM else "FLOTILLA_HTTP_PORT"
+    return int(env[key])
+
+
+def ready_path(member: Member) -> str:
+    # The sim has nothing to be ready for and serves /healthz only (as fleetctl checks it).
+    return "/healthz" if member is fleet.SIM else "/readyz"
+
+
+def internal_port(service: dict[str, Any]) -> int:
+    return containers._port(service["ports"][0]).container_port
+
+
+# ------------------------------------------------------------------ structure
+
+
+def test_compose_runs_the_stack_the_fleet_the_demo_and_observability(services: dict[str, dict[str, Any]]) -> None:
+    expected = (
+        set(containers.INFRA_SERVICES) | set(containers.INIT_SERVICES) | {INIT, DEMO_JOB, *OBSERVERS} | set(MEMBERS)
+    )
+    assert set(services) == expected
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_every_member_runs_its_module_from_the_one_image(services: dict[str, dict[str, Any]], name: str) -> None:
+    svc = services[name]
+    assert svc["image"] == IMAGE
+    assert svc["build"] == "."
+    assert svc["pull_policy"] == "build"  # never pulled: someone else may own the name on a registry
+    assert svc["command"] == ["python", "-m", MEMBERS[name].module]
+    assert svc["restart"] == "unless-stopped"
+
+
+def test_the_jobs_use_the_image_too_and_run_once(services: dict[str, dict[str, Any]]) -> None:
+    for name in (INIT, DEMO_JOB):
+        assert services[name]["image"] == IMAGE and services[name]["pull_policy"] == "build"
+        assert services[name]["restart"] == "no"
+        assert "ports" not in services[name] and "healthcheck" not in services[name]
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_ports_are_the_fleet_table_on_loopback(services: dict[str, dict[str, Any]], name: str) -> None:
+    member = MEMBERS[name]
+    env = env_of(services[name])
+    [binding] = [containers._port(p) for p in services[name]["ports"]]
+    assert (binding.host_ip, binding.host_port, binding.container_port) == (
+        "127.0.0.1",
+        member.http_port,
+        member.http_port,
+    )
+    assert listen_port(member, env) == member.http_port
+    host_key = "FLOTILLA_SIM_HOST" if member is fleet.SIM else "FLOTILLA_HTTP_HOST"
+    assert env[host_key] == "0.0.0.0"  # reachable from the other containers and the published port
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_healthchecks_ask_the_member_itself_with_python(services: dict[str, dict[str, Any]], name: str) -> None:
+    member = MEMBERS[name]
+    check = services[name]["healthcheck"]
+    test = check["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and len(test) == 4  # the slim image has no curl
+    compile(test[3], f"{name} healthcheck", "exec")
+    assert f"'http://127.0.0.1:{member.http_port}{ready_path(member)}'" in test[3]
+    containers.parse_duration(check["interval"])
+    containers.parse_duration(check["timeout"])
+    assert int(check["retries"]) >= 3
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def answering() -> Iterator[tuple[int, type[_Answer]]]:
+    handler = type("Handler", (_Answer,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], handler
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(("status", "exit_ok"), [(200, True), (503, False)])
+def test_the_healthcheck_command_fails_on_not_ready(
+    services: dict[str, dict[str, Any]], answering: tuple[int, type[_Answer]], status: int, exit_ok: bool
+) -> None:
+    port, handler = answering
+    handler.status = status
+    code = services["executor"]["healthcheck"]["test"][3].replace(str(fleet.EXECUTOR.http_port), str(port))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert (proc.returncode == 0) is exit_ok
+
+
+def test_members_wait_for_what_they_need(services: dict[str, dict[str, Any]]) -> None:
+    for name, member in MEMBERS.items():
+        deps = services[name].get("depends_on", {})
+        env = env_of(services[name])
+        if member.database:
+            assert deps[INIT]["condition"] == "service_completed_successfully", name
+        if "FLOTILLA_SIM_URL" in env:
+            assert deps["sim"]["condition"] == "service_healthy", name
+        for url in (v for k, v in env.items() if k.endswith("_URL") and "://" in v):
+            host = url.split("://", 1)[1].split(":", 1)[0].split("/", 1)[0]
+            if host in MEMBERS:
+                assert deps[host]["condition"] == "service_healthy", f"{name} calls {host} without waiting for it"
+    init_deps = services[INIT]["depends_on"]
+    assert {d: c["condition"] for d, c in init_deps.items()} == {
+        "postgres": "service_healthy",
+        "connect": "service_healthy",
+        "kafka-init": "service_completed_successfully",  # topics exist before connectors route to them
+        "registry-init": "service_completed_successfully",  # compatibility set before contracts
+    }
+    demo_deps = services[DEMO_JOB]["depends_on"]
+    assert set(demo_deps) == {n for n, m in MEMBERS.items() if m is not fleet.CONSOLE}
+    assert {c["condition"] for c in demo_deps.values()} == {"service_healthy"}
+
+
+# ------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_every_variable_set_is_a_setting_of_that_service(services: dict[str, dict[str, Any]], name: str) -> None:
+    cls = settings_class(MEMBERS[name])
+    flotilla_keys = {k for k in env_of(services[name]) if k.startswith("FLOTILLA_")}
+    unread = flotilla_keys - env_names(cls)
+    assert not unread, f"{name} sets {sorted(unread)}, which {cls.__name__} does not read"
+    assert set(env_of(services[name])) == flotilla_keys  # nothing else is set on a member
+
+
+@pytest.mark.parametrize("name", [m.name for m in fleet.FLEET if m.database])
+def test_services_with_a_database_find_the_stack(services: dict[str, dict[str, Any]], name: str) -> None:
+    env = env_of(services[name])
+    pg = services["postgres"]
+    assert env["FLOTILLA_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    advertised = env_of(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    assert "INTERNAL://kafka:9092" in advertised.split(",")
+    assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://schema-registry:{internal_port(services['schema-registry'])}"
+    assert env["FLOTILLA_CONNECT_URL"] == f"http://connect:{internal_port(services['connect'])}"
+    assert env["FLOTILLA_PG_HOST"] == "postgres"
+    assert env["FLOTILLA_PG_PORT"] == str(internal_port(pg))
+    assert env["FLOTILLA_PG_USER"] == pg["environment"]["POSTGRES_USER"]
+    assert env["FLOTILLA_PG_PASSWORD"] == pg["environment"]["POSTGRES_PASSWORD"]
+    # Connect resolves the connectors' ${env:FLOTILLA_PG_*} with the same values.
+    connect = env_of(services["connect"])
+    for key in ("FLOTILLA_PG_HOST", "FLOTILLA_PG_PORT", "FLOTILLA_PG_USER", "FLOTILLA_PG_PASSWORD"):
+        assert connect[key] == env[key]
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_no_loopback_default_is_left_inside_a_container(services: dict[str, dict[str, Any]], name: str) -> None:
+    """A setting of the service's own whose default is 127.0.0.1 must be set, to a compose name."""
+    cls = settings_class(MEMBERS[name])
+    env = env_of(services[name])
+    own = {n: f for n, f in cls.model_fields.items() if n not in ServiceSettings.model_fields or n == "http_host"}
+    if MEMBERS[name] is fleet.SIM:
+        own.pop("http_host")  # the sim listens on FLOTILLA_SIM_HOST
+    for field_name, info in own.items():
+        if isinstance(info.default, str) and ("127.0.0.1" in info.default or "localhost" in info.default):
+            key = f"FLOTILLA_{field_name.upper()}"
+            assert key in env, f"{name}: {key} would stay {info.default!r}"
+            assert "127.0.0.1" not in env[key] and "localhost" not in env[key], key
+    for key, url in env.items():
+        if key.endswith("_URL") and "://" in url:
+            host, _, port = url.split("://", 1)[1].partition(":")
+            assert host in services, f"{name}: {key}={url} names no compose service"
+            if host in MEMBERS:
+                assert int(port) == MEMBERS[host].http_port, f"{name}: {key}={url}"
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_the_settings_load_from_that_environment(
+    services: dict[str, dict[str, Any]], name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Parsing, not just naming: the values as compose passes them are valid settings."""
+    for key in [k for k in os.environ if k.startswith("FLOTILLA_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    env = env_of(services[name])
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = settings_class(MEMBERS[name])()
+    for key, value in env.items():
+        field = key.removeprefix("FLOTILLA_").lower()
+        got = getattr(settings, field)
+        shown = got.get_secret_value() if hasattr(got, "get_secret_value") else got
+        if isinstance(shown, str | int | float | bool | Path):
+            assert str(shown) == value or str(shown).lower() == value.lower(), key
+    if MEMBERS[name] is fleet.CONSOLE:
+        secret = getattr(settings, "console_session_secret", None)
+        assert secret is not None and len(secret.get_secret_value()) >= 32
+
+
+def test_the_demo_operator_token_default_is_the_services_own(services: dict[str, dict[str, Any]]) -> None:
+    from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST
+
+    tokens = json.loads(env_of(services["dlq-reconciler"])["FLOTILLA_OPERATOR_TOKENS"])
+    assert tokens == [DEMO_OPERATOR_DIGEST]
+
+
+def test_the_audit_key_lives_on_a_volume(services: dict[str, dict[str, Any]]) -> None:
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    key = Path(env_of(services["audit"])["FLOTILLA_AUDIT_SIGNING_KEY_FILE"])
+    [mount] = services["audit"]["volumes"]
+    volume, target = mount.split(":")[:2]
+    assert volume in compose["volumes"] and key.parent == Path(target)
+    # The image creates that folder for its user, so a fresh named volume is writable.
+    assert str(key.parent) in DOCKERFILE.read_text()
+
+
+def test_every_interpolated_variable_has_a_default_and_is_documented() -> None:
+    def strings(node: object) -> Iterator[str]:  # the values compose interpolates (not comments)
+        if isinstance(node, dict):
+            for value in node.values():
+                yield from strings(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from strings(value)
+        elif isinstance(node, str):
+            yield node
+
+    text = "\n".join(strings(yaml.safe_load(COMPOSE_FILE.read_text())))
+    documented = {
+        line.split("=", 1)[0].lstrip("# ").strip()
+        for line in DEMO_ENV.read_text().splitlines()
+        if "=" in line and line.lstrip("# ")[:1].isupper()
+    }
+    found = INTERPOLATION.findall(text)
+    assert found
+    for name, operator, _ in found:
+        assert operator == ":-", f"${{{name}}} has no default"
+        assert name in documented, f"{name} is not described in {DEMO_ENV.relative_to(REPO_ROOT)}"
+
+
+# --------------------------------------------------------------- fleet-init
+
+
+def _prepare_args(services: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    argv = services[INIT]["command"]
+    assert argv[:3] == ["python", "-m", "flotilla.prepare"]
+    outbox = [a.split("=", 1)[1] for a in argv[3:] if a.startswith("--outbox=")]
+    plain = [a.split("=", 1)[1] for a in argv[3:] if a.startswith("--database=")]
+    assert len(outbox) + len(plain) == len(argv) - 3, f"unexpected arguments in {argv}"
+    return outbox, plain
+
+
+def _spec_publishes(member: Member) -> bool:
+    service = importlib.import_module(f"{member.module}.service")
+    build = getattr(service, "build_spec", None) or service.spec
+    made = build()
+    spec = made[0] if isinstance(made, tuple) else made
+    assert spec.database == member.database
+    return bool(spec.publishes)
+
+
+def test_fleet_init_prepares_every_database_as_its_service_will(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "audit.pem"))
+    outbox, plain = _prepare_args(services)
+    with_db = [m for m in fleet.FLEET if m.database]
+    assert sorted(outbox + plain) == sorted(m.database for m in with_db if m.database)
+    for member in with_db:
+        expected = outbox if _spec_publishes(member) else plain
+        assert member.database in expected, f"{member.name}: {member.database}"
+
+
+def test_fleet_init_reads_only_stack_settings(services: dict[str, dict[str, Any]]) -> None:
+    env = env_of(services[INIT])
+    assert set(env) <= STACK_KEYS
+    required = {"FLOTILLA_SCHEMA_REGISTRY_URL", "FLOTILLA_CONNECT_URL", "FLOTILLA_PG_HOST", "FLOTILLA_PG_PASSWORD"}
+    assert required <= set(env)
+    # the same stack the services see
+    for name, member in MEMBERS.items():
+        if member.database:
+            member_env = env_of(services[name])
+            assert {k: member_env[k] for k in env} == env, name
+
+
+def test_prepare_entry_point_takes_those_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flotilla import prepare
+
+    seen: dict[str, Any] = {}
+
+    def fake(settings: StackSettings, **kwargs: Any) -> None:
+        seen.update(kwargs)
+
+    monkeypatch.setattr(prepare, "prepare", fake)
+    assert prepare.main(["--outbox=a", "--outbox=b", "--database=c", "--timeout=5"]) == 0
+    assert seen == {"outbox": ["a", "b"], "databases": ["c"], "schemas": True, "timeout": 5.0}
+
+
+def test_prepare_does_contracts_then_outboxes_then_databases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flotilla import bootstrap, contracts, prepare
+
+    calls: list[str] = []
+    monkeypatch.setattr(prepare, "registry_client", lambda url: object())
+    monkeypatch.setattr(contracts, "register_all", lambda client: calls.append("contracts") or {"s": 1})
+    monkeypatch.setattr(bootstrap, "bootstrap_outbox", lambda s, db, timeout: calls.append(f"outbox {db}") or db)
+    failures = iter([ConnectionError("not yet")])
+
+    def ensure(settings: StackSettings, db: str) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure  # retried
+        calls.append(f"database {db}")
+
+    monkeypatch.setattr(bootstrap, "ensure_database", ensure)
+    prepare.prepare(StackSettings(), outbox=["a", "b"], databases=["c"], timeout=5, pause=0.01)
+    assert calls == ["contracts", "outbox a", "outbox b", "database c"]
+
+
+def test_prepare_gives_up_at_once_on_an_incompatible_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flotilla import contracts, prepare
+
+    attempts: list[int] = []
+
+    def refuse(client: object) -> dict[str, int]:
+        attempts.append(1)
+        raise contracts.IncompatibleSchemaError("incidents-x: refused")
+
+    monkeypatch.setattr(prepare, "registry_client", lambda url: object())
+    monkeypatch.setattr(contracts, "register_all", refuse)
+    monkeypatch.setattr(prepare, "load_settings", StackSettings)
+    assert prepare.main([]) == 1
+    assert attempts == [1]
+
+
+# ---------------------------------------------------------------- the demo job
+
+
+def test_the_incident_job_is_the_local_demo_pointed_at_the_containers(services: dict[str, dict[str, Any]]) -> None:
+    job = services[DEMO_JOB]
+    assert job["command"] == ["python", "infra/local/demo.py"]
+    env = env_of(job)
+    source = DEMO.read_text()
+    read_by_demo = set(re.findall(r"os\.environ\.get\(\"([A-Z_]+)\"", source))
+    unread = set(env) - read_by_demo - STACK_KEYS
+    assert not unread, f"the demo reads none of {sorted(unread)}"
+    assert env["DEMO_AUTO_APPROVE"] == "1"
+    assert env["FLOTILLA_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    assert env["FLOTILLA_SIM_URL"] == f"http://sim:{fleet.SIM.http_port}"
+    assert env["FLOTILLA_POLICY_URL"] == f"http://policy-service:{fleet.POLICY.http_port}"
+    assert env["FLOTILLA_AUDIT_URL"] == f"http://audit:{fleet.AUDIT.http_port}"
+    from services.policy.auth import DEMO_USERS
+
+    assert "approver" in DEMO_USERS[env["DEMO_APPROVER_TOKEN"]]["roles"]
+
+
+# --------------------------------------------------------------- observability
+
+
+def test_prometheus_scrapes_every_member(services: dict[str, dict[str, Any]]) -> None:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    [job] = [j for j in config["scrape_configs"] if j["job_name"] == "flotilla"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    targets = {t: group["labels"]["service"] for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{m.name}:{m.http_port}": m.name for m in fleet.FLEET}
+    mounts = services["prometheus"]["volumes"]
+    assert "./infra/observability/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+
+
+def test_grafana_is_provisioned_with_the_datasource_the_dashboard_names(services: dict[str, dict[str, Any]]) -> None:
+    [source] = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert source["type"] == "prometheus"
+    assert source["url"] == f"http://prometheus:{internal_port(services['prometheus'])}"
+    dashboard = json.loads(DASHBOARD.read_text())
+    uids = set()
+    for panel in dashboard["panels"]:
+        for holder in [panel, *panel.get("targets", [])]:
+            if "datasource" in holder:
+                assert holder["datasource"]["type"] == "prometheus"
+                uids.add(holder["datasource"]["uid"])
+    assert uids == {source["uid"]}
+    [provider] = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "flotilla.yml").read_text())["providers"]
+    mounts = dict(m.rsplit(":", 2)[:2] for m in services["grafana"]["volumes"])
+    assert mounts["./infra/observability/grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./infra/observability/grafana/provisioning"] == "/etc/grafana/provisioning"
+    home = env_of(services["grafana"])["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+
+
+def test_observers_are_pinned_official_images_on_loopback(services: dict[str, dict[str, Any]]) -> None:
+    assert services["prometheus"]["image"].startswith("prom/prometheus:v")
+    assert services["grafana"]["image"].startswith("grafana/grafana:")
+    for name in OBSERVERS:
+        assert services[name]["healthcheck"]["test"][0] == "CMD"
+        assert all(containers._port(p).host_ip == "127.0.0.1" for p in services[name]["ports"])
+
+
+# ------------------------------------------------------------------ the image
+
+
+def _stages() -> list[tuple[str, str | None, list[tuple[str, str]]]]:
+    """(base, stage name, [(instruction, arguments)]) per FROM, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    args = dict(
+        (m.group(1), m.group(2)) for m in re.finditer(r"^ARG (\w+)=(\S+)", text, re.MULTILINE)
+    )  # global ARG defaults
+    stages: list[tuple[str, str | None, list[tuple[str, str]]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, rest = line.partition(" ")
+        if instruction.upper() == "FROM":
+            words = rest.split()
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
+            stages.append((base, words[2] if len(words) > 2 and words[1].upper() == "AS" else None, []))
+        elif stages:
+            stages[-1][2].append((instruction.upper(), rest.strip()))
+    return stages
+
+
+def test_the_image_is_multi_stage_and_slim() -> None:
+    stages = _stages()
+    assert len(stages) >= 2
+    runtime_base, _, steps = stages[-1]
+    assert runtime_base.startswith("python:3.11-slim")
+    assert stages[0][0] == runtime_base  # the virtualenv copied across needs the same Python
+    assert any(i == "COPY" and a.startswith(f"--from={stages[0][1]} ") for i, a in steps)
+    assert not any(i == "RUN" and ("apt-get install" in a or "pip install" in a) for i, a in steps)
+
+
+def test_the_image_runs_as_a_fixed_unprivileged_user() -> None:
+    _, _, steps = _stages()[-1]
+    users = [a for i, a in steps if i == "USER"]
+    assert users, "the runtime stage sets no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) >= 1000
+    assert not gid or (gid.isdigit() and int(gid) != 0)
+
+
+def test_the_image_carries_what_the_services_read_and_no_secret() -> None:
+    _, _, steps = _stages()[-1]
+    copies = {a.split()[-2]: a.split()[-1] for i, a in steps if i == "COPY" and not a.startswith("--from")}
+    assert {"schemas", "infra/policies", "infra/local/demo.py"} <= set(copies)
+    env = dict(pair.split("=", 1) for i, a in steps if i == "ENV" for pair in shlex.split(a) if "=" in pair)
+    workdir = [a for i, a in steps if i == "WORKDIR"][-1]
+    assert Path(env["FLOTILLA_SCHEMAS_DIR"]) == Path(workdir) / copies["schemas"]
+    assert Path(env["FLOTILLA_POLICY_DIR"]) == Path(workdir) / copies["infra/policies"]
+    for stage in _stages():
+        for instruction, arguments in stage[2]:
+            if instruction in ("ENV", "ARG"):
+                assert not re.search(r"(PASSWORD|SECRET|TOKEN|API_KEY)", arguments), arguments
+    cmd = json.loads([a for i, a in steps if i == "CMD"][-1])
+    assert cmd[:2] == ["python", "-m"] and cmd[2] in {m.module for m in fleet.FLEET}
+
+
+def test_the_policies_and_schemas_the_image_copies_exist() -> None:
+    from services.policy.decide import POLICY_DIR
+
+    assert POLICY_DIR == REPO_ROOT / "infra" / "policies"  # what FLOTILLA_POLICY_DIR replaces in the image
+    assert any((REPO_ROOT / "infra" / "policies").glob("*.cedar"))
+    assert any((REPO_ROOT / "schemas").rglob("*.avsc"))
+
+
+def test_every_data_file_of_the_packages_is_in_the_wheel() -> None:
+    """The image installs the project as a wheel: a template, a migration or any other
+    file the code reads from beside itself must be package data, or it is missing there."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    package_data: dict[str, list[str]] = pyproject["tool"]["setuptools"].get("package-data", {})
+    roots = {"services": REPO_ROOT / "services", "flotilla": REPO_ROOT / "libs" / "flotilla"}
+    roots["flotilla_ops"] = REPO_ROOT / "libs" / "flotilla_ops"
+    missing = []
+    for package, root in roots.items():
+        patterns = package_data.get(package, []) + package_data.get("*", [])
+        for path in root.rglob("*"):
+            if not path.is_file() or path.suffix in (".py", ".pyc", ".typed") or "__pycache__" in path.parts:
+                continue
+            relative = path.relative_to(root).as_posix()
+            if not any(fnmatch.fnmatchcase(relative, p) for p in patterns):
+                missing.append(f"{package}/{relative}")
+    assert not missing, f"not package data, so not in the image: {missing}"
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    hit = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, pattern.replace("**/", "")) for p in prefixes):
+            hit = not negate
+    return hit
+
+
+def test_dockerignore_keeps_the_context_small_but_complete() -> None:
+    patterns = [
+        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
+    for excluded in (".git", ".venv", ".stack", ".env", "tests", "docs", "libs/flotilla/__pycache__", ".mypy_cache"):
+        assert _ignored(excluded, patterns), f"{excluded} would be sent to the builder"
+    sources = [a.split()[:-1] for stage in _stages() for i, a in stage[2] if i == "COPY" and "--from" not in a]
+    for source in (s for group in sources for s in group):
+        assert not _ignored(source.rstrip("/"), patterns), f"{source} is copied but ignored"
+        assert (REPO_ROOT / source).exists(), source
