@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import FrameType
@@ -83,6 +84,11 @@ class LoopConfig:
     # fills batches under load; more would add to every hop when traffic is light.
     batch_linger: float = 0.005
     batch_transactions: bool = True  # False: one transaction (and offset commit) per record
+    # Pipeline mode saves round trips, but a pipelined session never looks idle to the
+    # server, so idle_in_transaction_session_timeout cannot end a transaction whose process
+    # froze mid-handler. A loop whose handlers wait on the outside world (the executor)
+    # turns it off and bounds its transactions with that timeout instead.
+    pipeline: bool = True
     max_retries: int = 3
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
@@ -293,7 +299,7 @@ class ConsumerLoop:
     def _fast(self, conn: psycopg.Connection[Any], work: list[_Item]) -> None:
         """The whole batch in bulk; raises _Isolate (after rollback) if any record fails."""
         try:
-            with conn.pipeline():
+            with conn.pipeline() if self.config.pipeline else nullcontext():
                 fresh = dedupe.claim_many(conn, self.config.name, [it.claim() for it in work])
                 states = _BatchStates(conn, {self._incident_of(it.incoming) for it in work if self._gated(it)})
                 pending: list[OutboxRow] = []

@@ -153,6 +153,18 @@ class Executor:
         """A fresh session for one handler run."""
         return Session(self)
 
+    def bound_handler_transaction(self, conn: psycopg.Connection[Any]) -> None:
+        """Let PostgreSQL end the handler's transaction if this process stalls in it.
+
+        The handler's transaction stays open while the target acts, holding the record's
+        dedupe claim and the saga rows. An executor paused there (SIGSTOP, a long GC, a
+        frozen VM) would keep them locked forever, and the executor that takes over its
+        partition would block on the same claim. So the transaction may sit idle no longer
+        than a lease lives: by the time the lease can be taken over, its locks are gone too.
+        """
+        timeout_ms = max(1000, int(self.config.lease_ttl_seconds * 1000))
+        conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (str(timeout_ms),))
+
     @contextmanager
     def short_transaction(self) -> Iterator[psycopg.Connection[Any]]:
         """A transaction of its own on a pool connection, committed on exit."""

@@ -51,6 +51,7 @@ class ExecutorHandlers:
     # -------------------------------------------------------------- handlers
 
     def on_command(self, ctx: HandlerContext) -> None:
+        self.executor.bound_handler_transaction(ctx.conn)
         step = commands.from_record(ctx.incoming.record_type, ctx.incoming.value)
         if ctx.incoming.key is not None and ctx.incoming.key != step.resource:
             log.warning(
@@ -78,6 +79,7 @@ class ExecutorHandlers:
         session.record(ctx.conn)
 
     def on_recovery_failed(self, ctx: HandlerContext) -> None:
+        self.executor.bound_handler_transaction(ctx.conn)
         value = ctx.incoming.value
         proposal = saga.lock(ctx.conn, str(value["proposalId"]))
         if proposal is None or not proposal.open:

@@ -18,7 +18,7 @@ import pytest
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 
-from .fleet import Fleet
+from .fleet import DEMO_SERVICE, Fleet, Watch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
@@ -59,3 +59,15 @@ def fleet(stack: StackSettings, serde: AvroSerde) -> Iterator[Fleet]:
     finally:
         if os.environ.get("FLOTILLA_KEEP_FLEET") != "1":
             subprocess.run(FLEETCTL_DOWN, capture_output=True, timeout=180, env=env)
+
+
+@pytest.fixture()
+def watch(fleet: Fleet) -> Iterator[Watch]:
+    """A tail of incidents + commands from now on, with the sim reset and the demo service
+    healthy again (so each test opens a fresh incident)."""
+    fleet.reset_sim()
+    fleet.wait_until_healthy(DEMO_SERVICE)
+    w = fleet.watch()
+    yield w
+    w.close()
+    fleet.reset_sim()

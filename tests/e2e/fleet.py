@@ -229,3 +229,31 @@ def counter_proposal(original: Seen, replicas: int) -> tuple[dict[str, Any], Env
 
 
 PROPOSED = "dev.flotilla.decisions.RecoveryProposed"
+
+
+DEMO_SERVICE = "checkout-api"  # production: its recoveries need a person
+
+
+def open_incident(fleet: Fleet, watch: Watch, service: str = DEMO_SERVICE, dependency: str = "payments-api") -> str:
+    """Slow down the service's payments dependency and return the incident the health agent opens."""
+    fleet.fault(dependency, "dependency-slow")
+    opened = watch.wait(
+        lambda s: s.kind == "ServiceLatencyIncreased" and s.value.get("service") == service,
+        timeout=60,
+        what=f"ServiceLatencyIncreased for {service}",
+    )
+    return opened.envelope.correlationid
+
+
+def awaiting_approval(fleet: Fleet, watch: Watch) -> tuple[str, Seen]:
+    incident = open_incident(fleet, watch)
+    return incident, watch.kind("HumanApprovalRequired", incident, timeout=90)
+
+
+def group_members(fleet: Fleet, group: str) -> int:
+    """How many members of ``group`` have partitions assigned right now."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": fleet.stack.kafka_bootstrap})
+    described = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=15)
+    return sum(1 for m in described.members if m.assignment.topic_partitions)

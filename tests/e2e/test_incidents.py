@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -14,39 +13,24 @@ import pytest
 
 from flotilla.envelope import Envelope
 
-from .fleet import APPROVER, PROPOSED, VIEWER, Fleet, HttpError, Seen, Watch, counter_proposal, produce
+from .fleet import (
+    APPROVER,
+    DEMO_SERVICE,
+    PROPOSED,
+    VIEWER,
+    Fleet,
+    HttpError,
+    Watch,
+    awaiting_approval,
+    counter_proposal,
+    open_incident,
+    produce,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
-DEMO_SERVICE = "checkout-api"
 OPERATOR = "operator-token"  # the DLQ reconciler's local default operator
 PROPOSER_TOKEN = "mallory-token"  # configured as user "remediation-agent" with the approver role
-
-
-@pytest.fixture()
-def watch(fleet: Fleet) -> Iterator[Watch]:
-    fleet.reset_sim()
-    fleet.wait_until_healthy(DEMO_SERVICE)
-    w = fleet.watch()
-    yield w
-    w.close()
-    fleet.reset_sim()
-
-
-def open_incident(fleet: Fleet, watch: Watch, service: str = DEMO_SERVICE, dependency: str = "payments-api") -> str:
-    """Slow down the service's payments dependency and return the incident the health agent opens."""
-    fleet.fault(dependency, "dependency-slow")
-    opened = watch.wait(
-        lambda s: s.kind == "ServiceLatencyIncreased" and s.value.get("service") == service,
-        timeout=60,
-        what=f"ServiceLatencyIncreased for {service}",
-    )
-    return opened.envelope.correlationid
-
-
-def awaiting_approval(fleet: Fleet, watch: Watch) -> tuple[str, Seen]:
-    incident = open_incident(fleet, watch)
-    return incident, watch.kind("HumanApprovalRequired", incident, timeout=90)
 
 
 def test_happy_path_with_a_human_approval(fleet: Fleet, watch: Watch) -> None:
