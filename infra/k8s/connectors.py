@@ -52,12 +52,9 @@ def publishing_databases() -> list[str]:
 
 
 def resource_name(database: str) -> str:
-    """The KafkaConnector's name, which Strimzi uses as the connector's name.
-
-    Kubernetes names cannot hold ``_``; the services' own name for the connector
-    (:func:`flotilla.connectors.connector_name`) does. See docs/operations/kubernetes.md.
-    """
-    return str(connector_name(database)).replace("_", "-")
+    """The KafkaConnector's name, which Strimzi uses as the connector's name: the same
+    name the services register (:func:`flotilla.connectors.connector_name`)."""
+    return str(connector_name(database))
 
 
 def kafka_connector(database: str) -> dict[str, Any]:

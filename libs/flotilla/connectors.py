@@ -23,7 +23,9 @@ POLL_INTERVAL_MS = 10
 
 
 def connector_name(database: str) -> str:
-    return f"outbox-{database}"
+    """``outbox-<database>`` with ``_`` as ``-``: a valid Kubernetes name, so the connector
+    a service registers and the KafkaConnector Strimzi manages are one and the same."""
+    return f"outbox-{database.replace('_', '-')}"
 
 
 def outbox_connector_config(

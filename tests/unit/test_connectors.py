@@ -113,7 +113,7 @@ def test_names_are_distinct_per_database() -> None:
         assert "incidents_svc" in a[key]
         assert "commands_svc" in b[key]
     assert connector_name("incidents_svc") != connector_name("commands_svc")
-    assert connector_name("incidents_svc") == "outbox-incidents_svc"
+    assert connector_name("incidents_svc") == "outbox-incidents-svc"  # a valid Kubernetes name
 
 
 def test_slot_name_is_a_valid_replication_slot_name() -> None:

@@ -466,12 +466,6 @@ def _stack_configmap(objects: tuple[dict[str, Any], ...]) -> str:
     return str(name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flotilla.connectors.connector_name uses '_' (outbox-flotilla_health), which no Kubernetes "
-    "name may hold; the services would register a second connector on the same slot "
-    "(docs/operations/kubernetes.md, 'Before production')",
-)
 def test_the_services_name_their_connectors_like_strimzi(objects: tuple[dict[str, Any], ...]) -> None:
     for connector in of_kind(objects, "KafkaConnector"):
         assert connector["metadata"]["name"] == connector_name(connector["spec"]["config"]["database.dbname"])
