@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +14,13 @@ import pytest
 from flotilla_ops.cli import app
 from typer.testing import CliRunner
 
-from .fleet import Fleet, Watch
+from .fleet import Fleet, Watch, awaiting_approval
 
 pytestmark = pytest.mark.timeout(300)
 
-SERVICE = "checkout-api"  # production: its recoveries need a person
 APPROVER = "alice-token"
 VIEWER = "bob-token"
 FLOTILLA = Path(sys.executable).parent / "flotilla"
-
-
-@pytest.fixture()
-def cli_watch(fleet: Fleet) -> Iterator[Watch]:
-    fleet.reset_sim()
-    fleet.wait_until_healthy(SERVICE)
-    w = fleet.watch()
-    yield w
-    w.close()
-    fleet.reset_sim()
 
 
 def flotilla(*args: str) -> tuple[int, str, str]:
@@ -46,15 +34,8 @@ def as_json(*args: str) -> Any:
     return json.loads(out)
 
 
-def test_approve_from_the_cli_then_read_the_timeline_and_verify_the_audit(fleet: Fleet, cli_watch: Watch) -> None:
-    fleet.fault("payments-api", "dependency-slow")
-    opened = cli_watch.wait(
-        lambda s: s.kind == "ServiceLatencyIncreased" and s.value.get("service") == SERVICE,
-        timeout=60,
-        what=f"ServiceLatencyIncreased for {SERVICE}",
-    )
-    incident = opened.envelope.correlationid
-    request = cli_watch.kind("HumanApprovalRequired", incident, timeout=90)
+def test_approve_from_the_cli_then_read_the_timeline_and_verify_the_audit(fleet: Fleet, watch: Watch) -> None:
+    incident, request = awaiting_approval(fleet, watch)
     proposal, digest = str(request.value["proposalId"]), str(request.value["digest"])
 
     # what is waiting, as a viewer sees it
@@ -71,10 +52,10 @@ def test_approve_from_the_cli_then_read_the_timeline_and_verify_the_audit(fleet:
     code, out, err = flotilla("approve", proposal, "--yes", "--token", APPROVER)
     assert code == 0, out + err
     assert digest in out and incident in out and "approved by alice" in out
-    approved = cli_watch.kind("RecoveryApproved", incident)
+    approved = watch.kind("RecoveryApproved", incident)
     assert approved.value["approvedBy"] == "alice" and approved.value["digest"] == digest
-    cli_watch.kind("RecoveryExecuted", incident)
-    cli_watch.kind("RecoveryCompleted", incident, timeout=60)
+    watch.kind("RecoveryExecuted", incident)
+    watch.kind("RecoveryCompleted", incident, timeout=60)
 
     # a second approval is refused before anything is sent
     code, _, err = flotilla("approve", proposal, "--yes", "--token", APPROVER)

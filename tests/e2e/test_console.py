@@ -17,7 +17,17 @@ import pytest
 
 from services.fleet import CONSOLE, url
 
-from .fleet import APPROVER, PROPOSED, VIEWER, Fleet, Watch, awaiting_approval, counter_proposal, produce
+from .fleet import (
+    APPROVER,
+    DEMO_SERVICE,
+    PROPOSED,
+    VIEWER,
+    Fleet,
+    Watch,
+    awaiting_approval,
+    counter_proposal,
+    produce,
+)
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
@@ -37,7 +47,6 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 CONSOLE_URL = url(CONSOLE)
-DEMO_SERVICE = "checkout-api"
 
 
 def shot(page: object, name: str) -> None:
@@ -54,16 +63,6 @@ def browser() -> Iterator[object]:
         launched = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         yield launched
         launched.close()
-
-
-@pytest.fixture()
-def watch(fleet: Fleet) -> Iterator[Watch]:
-    fleet.reset_sim()
-    fleet.wait_until_healthy(DEMO_SERVICE)
-    w = fleet.watch()
-    yield w
-    w.close()
-    fleet.reset_sim()
 
 
 def signed_in(browser: object, token: str) -> object:
