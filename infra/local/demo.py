@@ -98,7 +98,7 @@ def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # live, even through make
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
-    consumer = tail_consumer(settings.kafka_bootstrap, ["incidents", "commands"])
+    consumer = tail_consumer(settings.kafka_client(), ["incidents", "commands"])
     http("POST", f"{SIM_URL}/reset", {})
     fault = http("POST", f"{SIM_URL}/faults", FAULT)
     started = time.monotonic()

@@ -177,8 +177,8 @@ class ConsumerLoop:
         self._handlers = dict(handlers)
         self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets
         self._stopping = threading.Event()
-        self._bootstrap = settings.kafka_bootstrap
-        self._dlq = DeadLetterPublisher(settings.kafka_bootstrap, config.name)
+        self._connection = settings.kafka_client()
+        self._dlq = DeadLetterPublisher(self._connection, config.name)
         self._lag = metrics.ConsumerLag(config.name)
         self._consumer = Consumer(self.kafka_config())
         self._subscribed = False
@@ -186,7 +186,7 @@ class ConsumerLoop:
     def kafka_config(self) -> dict[str, Any]:
         """The consumer's librdkafka configuration (``config.kafka`` wins)."""
         conf: dict[str, Any] = {
-            "bootstrap.servers": self._bootstrap,
+            **self._connection,
             "group.id": self.config.name,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

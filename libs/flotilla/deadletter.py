@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from confluent_kafka import Message, Producer
 
 from flotilla.envelope import header_pairs
+from flotilla.settings import KafkaTarget, kafka_connection
 
 
 class Reason(enum.StrEnum):
@@ -71,10 +72,10 @@ class DeadLetter:
 class DeadLetterPublisher:
     """Produces dead letters; ``flush`` makes them durable before the caller commits."""
 
-    def __init__(self, bootstrap: str, consumer: str) -> None:
+    def __init__(self, bootstrap: KafkaTarget, consumer: str) -> None:
         self._consumer = consumer
         self._producer = Producer(
-            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+            {**kafka_connection(bootstrap), "enable.idempotence": True, "acks": "all", "linger.ms": 0}
         )
         self._failed: list[str] = []
 

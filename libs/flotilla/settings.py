@@ -8,9 +8,21 @@ variables win over the file, so one process can point at another stack.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal
 
+from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Where a Kafka client connects: a bare bootstrap address (local stack, tests) or the
+# connection part of a librdkafka configuration (StackSettings.kafka_client()).
+KafkaTarget = str | Mapping[str, Any]
+
+
+def kafka_connection(target: KafkaTarget) -> dict[str, Any]:
+    """The librdkafka settings that reach Kafka: bootstrap servers, plus security when set."""
+    return {"bootstrap.servers": target} if isinstance(target, str) else dict(target)
 
 
 def default_env_file() -> Path:
@@ -33,6 +45,13 @@ class StackSettings(BaseSettings):
 
     stack: str = "local"
     kafka_bootstrap: str = "127.0.0.1:19092"
+    # A cluster with TLS and/or SASL (e.g. Strimzi with SCRAM): every Kafka client of the
+    # fleet connects with these. The local stack and compose use PLAINTEXT.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_ca_location: str | None = None  # PEM file of the cluster's CA (else the system's)
     schema_registry_url: str = "http://127.0.0.1:18081/apis/ccompat/v7"
     connect_url: str = "http://127.0.0.1:18083"
     pg_host: str = "127.0.0.1"
@@ -40,6 +59,37 @@ class StackSettings(BaseSettings):
     pg_user: str = "flotilla"
     pg_password: str = "flotilla"
     pg_database: str = "flotilla"
+
+    @model_validator(mode="after")
+    def _sasl_is_complete(self) -> StackSettings:
+        if self.kafka_security_protocol.startswith("SASL_"):
+            missing = [
+                f"FLOTILLA_KAFKA_SASL_{name.upper()}"
+                for name, value in (
+                    ("mechanism", self.kafka_sasl_mechanism),
+                    ("username", self.kafka_sasl_username),
+                    ("password", self.kafka_sasl_password),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(
+                    f"FLOTILLA_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs {', '.join(missing)}"
+                )
+        return self
+
+    def kafka_client(self) -> dict[str, Any]:
+        """The connection part of every Kafka client's configuration (see KafkaTarget)."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap}
+        if self.kafka_security_protocol != "PLAINTEXT":
+            conf["security.protocol"] = self.kafka_security_protocol.lower()
+        if self.kafka_security_protocol.startswith("SASL_"):
+            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
+            conf["sasl.username"] = self.kafka_sasl_username
+            conf["sasl.password"] = self.kafka_sasl_password
+        if self.kafka_ssl_ca_location and self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            conf["ssl.ca.location"] = self.kafka_ssl_ca_location
+        return conf
 
     def pg_dsn(self, database: str | None = None) -> str:
         """A libpq connection string for one database of the stack's PostgreSQL."""

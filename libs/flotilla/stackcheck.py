@@ -28,7 +28,7 @@ def problems(settings: StackSettings) -> dict[str, str]:
     except Exception as exc:
         found["postgres"] = f"{exc.__class__.__name__}: {exc}"
     try:
-        md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=3)
+        md = AdminClient(settings.kafka_client()).list_topics(timeout=3)
         if not md.brokers:
             found["kafka"] = "no brokers in metadata"
     except Exception as exc:

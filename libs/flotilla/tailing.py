@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from confluent_kafka import Consumer, TopicPartition
 
 from flotilla.envelope import RawHeaders, header_pairs
+from flotilla.settings import KafkaTarget, kafka_connection
 
 
-def tail_consumer(bootstrap: str, topic: str | Sequence[str], **config: str | int | bool) -> Consumer:
+def tail_consumer(bootstrap: KafkaTarget, topic: str | Sequence[str], **config: str | int | bool) -> Consumer:
     """A consumer assigned every partition of ``topic`` (or topics) at its current end offset.
 
     Offsets are resolved here, synchronously: with ``auto.offset.reset=latest`` they
@@ -22,7 +23,7 @@ def tail_consumer(bootstrap: str, topic: str | Sequence[str], **config: str | in
     """
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **kafka_connection(bootstrap),
             "group.id": f"flotilla-tail-{uuid.uuid4()}",
             "enable.auto.commit": False,
             **config,

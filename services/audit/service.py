@@ -34,7 +34,7 @@ def raw_loop(ctx: ServiceContext, settings: AuditSettings, signer: Signer, group
     return RawLoop(
         group=group or ctx.spec.name,
         topics=settings.audit_topics,
-        bootstrap=settings.kafka_bootstrap,
+        bootstrap=settings.kafka_client(),
         pool=ctx.pool,
         handle=Recorder(ctx.serde, signer),
     )

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from flotilla.runner import ServiceContext
 from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError, UndecodableRecordError
+from flotilla.settings import KafkaTarget, kafka_connection
 from services.dlq_reconciler.auth import OperatorTokens
 from services.dlq_reconciler.quarantine import (
     DeadLetter,
@@ -137,7 +138,7 @@ class _Delivery:
 class _RequeueProducer:
     """One idempotent producer per process, created on first use."""
 
-    def __init__(self, bootstrap: str, timeout: float) -> None:
+    def __init__(self, bootstrap: KafkaTarget, timeout: float) -> None:
         self._bootstrap = bootstrap
         self._timeout = timeout
         self._producer: Producer | None = None
@@ -148,7 +149,7 @@ class _RequeueProducer:
             if self._producer is None:
                 self._producer = Producer(
                     {
-                        "bootstrap.servers": self._bootstrap,
+                        **kafka_connection(self._bootstrap),
                         "enable.idempotence": True,
                         "acks": "all",
                         "linger.ms": 0,
@@ -204,7 +205,7 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
         log.warning("the demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
 
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
-        producer = _RequeueProducer(settings.kafka_bootstrap, settings.requeue_timeout_seconds)
+        producer = _RequeueProducer(settings.kafka_client(), settings.requeue_timeout_seconds)
 
         @app.get("/quarantine")
         def list_quarantine(

@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from psycopg_pool import ConnectionPool
 
 from flotilla.envelope import RawHeaders, header_pairs
+from flotilla.settings import KafkaTarget, kafka_connection
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class RawLoop:
         *,
         group: str,
         topics: Sequence[str],
-        bootstrap: str,
+        bootstrap: KafkaTarget,
         pool: ConnectionPool[Any],
         handle: BatchHandler,
         batch_size: int = 200,
@@ -77,7 +78,7 @@ class RawLoop:
         self._stopping = threading.Event()
         self._consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **kafka_connection(bootstrap),
                 "group.id": group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,

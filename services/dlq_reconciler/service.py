@@ -27,7 +27,7 @@ def raw_loop(ctx: ServiceContext, settings: DlqSettings, group: str | None = Non
     return RawLoop(
         group=group or ctx.spec.name,
         topics=settings.dlq_topics,
-        bootstrap=settings.kafka_bootstrap,
+        bootstrap=settings.kafka_client(),
         pool=ctx.pool,
         handle=Reconciler(ctx, settings.incidents_topic),
     )

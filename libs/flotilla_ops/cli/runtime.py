@@ -16,7 +16,7 @@ import typer
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from flotilla.serde import AvroSerde, registry_client
-from flotilla.settings import StackSettings, load_settings
+from flotilla.settings import KafkaTarget, StackSettings, kafka_connection, load_settings
 from flotilla.tailing import tail_consumer
 from flotilla_ops.fleetapi import FleetApi
 
@@ -37,11 +37,11 @@ class ConsumerLike(Protocol):
     def close(self) -> None: ...
 
 
-def producer_config(bootstrap: str) -> dict[str, str | int | bool]:
+def producer_config(bootstrap: KafkaTarget) -> dict[str, Any]:
     """Acknowledged by every in-sync replica, idempotent, and keyed like Debezium (a Java
     client: murmur2), so a CLI record lands in its incident's partition, in order."""
     return {
-        "bootstrap.servers": bootstrap,
+        **kafka_connection(bootstrap),
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
@@ -50,7 +50,7 @@ def producer_config(bootstrap: str) -> dict[str, str | int | bool]:
 
 
 def kafka_consumer(
-    bootstrap: str, topics: Sequence[str], *, from_beginning: bool = False, since_ms: int | None = None
+    bootstrap: KafkaTarget, topics: Sequence[str], *, from_beginning: bool = False, since_ms: int | None = None
 ) -> Consumer:
     """A reader of ``topics`` from their end (the tailing library), their beginning, or a time."""
     consumer = tail_consumer(bootstrap, list(topics))
@@ -105,14 +105,14 @@ class Runtime:
     def producer(self) -> ProducerLike:
         if self.producer_factory is not None:
             return self.producer_factory(self.settings)
-        made: Any = Producer(producer_config(self.settings.kafka_bootstrap))
+        made: Any = Producer(producer_config(self.settings.kafka_client()))
         return cast(ProducerLike, made)
 
     def consumer(self, topics: Sequence[str], *, from_beginning: bool, since_ms: int | None) -> ConsumerLike:
         if self.consumer_factory is not None:
             made: ConsumerLike = self.consumer_factory(topics, from_beginning=from_beginning, since_ms=since_ms)
             return made
-        return kafka_consumer(self.settings.kafka_bootstrap, topics, from_beginning=from_beginning, since_ms=since_ms)
+        return kafka_consumer(self.settings.kafka_client(), topics, from_beginning=from_beginning, since_ms=since_ms)
 
     def api(self, timeout: float | None = None) -> FleetApi:
         """The fleet's HTTP client; ``timeout`` for a call known to be slow (else ``http_timeout``)."""
