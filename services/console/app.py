@@ -62,7 +62,8 @@ class CsrfRefused(Exception):
 
 
 def session_secret(settings: ConsoleSettings) -> bytes:
-    """The configured HMAC key, or a random one for this process (with a warning)."""
+    """The configured session secret (the cookie's encryption key is derived from it), or a random
+    one for this process (with a warning)."""
     if settings.console_session_secret is not None:
         secret = settings.console_session_secret.get_secret_value().encode()
         if len(secret) < 32:

@@ -1,11 +1,16 @@
-"""The console's session: a small signed cookie, no server-side store.
+"""The console's session: a small encrypted cookie, no server-side store.
 
-The cookie holds ``base64url(JSON payload) "." base64url(HMAC-SHA256(secret, label |
-payload))``. The payload carries the CSRF token, the expiry, one-shot flash messages
-and, once logged in, the bearer token the console presents to the services on the
-person's behalf. It is signed, not encrypted: it is sent HttpOnly, SameSite=Strict
-(and Secure behind HTTPS), so page scripts and other sites never see it, but whoever
-holds the cookie holds the token until the session expires.
+The cookie is a Fernet token (AES-128-CBC, then HMAC-SHA256 over the whole token) of the
+JSON payload, unpadded base64url. The Fernet key is derived from the session secret with
+HKDF-SHA256 (the raw secret is never a key). The payload carries the CSRF token, the
+expiry, one-shot flash messages and, once logged in, the bearer token the console
+presents to the services on the person's behalf. It is encrypted as well as
+authenticated, so whoever sees the cookie (a log, a proxy, a screenshot of the browser's
+tools) cannot read the token; it is also sent HttpOnly, SameSite=Strict (and Secure
+behind HTTPS). Whoever holds the cookie can still replay it until the session expires.
+
+A cookie that does not decrypt (another secret, any change, an old signed-only cookie)
+or whose embedded expiry has passed is no session at all: the visitor is anonymous.
 
 Every visitor gets a session (anonymous until login) so that the login form itself
 carries a CSRF token. Logging in starts a new session (new CSRF token): a session id
@@ -15,7 +20,6 @@ planted before login is worthless after it.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import json
@@ -24,16 +28,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.fernet import Fernet, InvalidToken
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 COOKIE_NAME = "flotilla_console"
-_LABEL = b"flotilla-console-session.v1."
-
-
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+# HKDF's context: a key for this purpose only, whatever else the secret is used for.
+_KEY_INFO = b"flotilla-console-session.v2 fernet key"
+_MAX_COOKIE = 4096  # browsers keep no more; a longer value is not one of ours
 
 
 @dataclass
@@ -76,38 +78,42 @@ class Session:
         return {"csrf": self.csrf, "exp": self.expires, "tok": self.token, "fl": [list(f) for f in self.flashes]}
 
 
+def _fernet_key(secret: bytes) -> bytes:
+    """The Fernet key (base64url of 32 bytes: 16 to sign, 16 to encrypt) derived from ``secret``."""
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KEY_INFO).derive(secret)
+    return base64.urlsafe_b64encode(derived)
+
+
 class SessionCodec:
-    """Signs and checks session cookies with one secret."""
+    """Encrypts and checks session cookies with a key derived from one secret."""
 
     def __init__(self, secret: bytes) -> None:
         if len(secret) < 32:
             raise ValueError("the session secret must be at least 32 bytes")
-        self._key = secret
-
-    def _mac(self, body: str) -> bytes:
-        return hmac.new(self._key, _LABEL + body.encode("ascii"), hashlib.sha256).digest()
+        self._fernet = Fernet(_fernet_key(secret))
 
     def dumps(self, session: Session) -> str:
-        body = _b64(json.dumps(session.payload(), separators=(",", ":")).encode())
-        return f"{body}.{_b64(self._mac(body))}"
+        plain = json.dumps(session.payload(), separators=(",", ":")).encode()
+        # Fernet tokens are base64url; the padding is dropped so the cookie value needs no quoting.
+        return self._fernet.encrypt(plain).rstrip(b"=").decode("ascii")
 
     def loads(self, cookie: str | None, *, now: float | None = None) -> Session | None:
-        """The session in a cookie, or None when it is missing, forged, malformed or expired."""
-        if not cookie or cookie.count(".") != 1:
+        """The session in a cookie, or None when it is missing, forged, foreign, malformed or expired."""
+        if not cookie or len(cookie) > _MAX_COOKIE:
             return None
-        body, mac = cookie.split(".")
         try:
-            if not hmac.compare_digest(self._mac(body), _unb64(mac)):
-                return None
-            data = json.loads(_unb64(body))
+            token = cookie.encode("ascii")
+            plain = self._fernet.decrypt(token + b"=" * (-len(token) % 4))
+            data = json.loads(plain)
             session = Session(
                 csrf=str(data["csrf"]),
                 expires=float(data["exp"]),
                 token=None if data.get("tok") is None else str(data["tok"]),
                 flashes=[(str(level), str(text)) for level, text in data.get("fl", [])],
             )
-        except (ValueError, KeyError, TypeError, binascii.Error, UnicodeError):
+        except (InvalidToken, ValueError, KeyError, TypeError):  # ValueError: bad JSON, non-ASCII too
             return None
+        # The expiry is inside the encrypted payload, so it cannot be extended by the holder.
         if session.expires <= (time.time() if now is None else now):
             return None
         return session

@@ -1,4 +1,4 @@
-"""The console's settings: where it listens, how it signs sessions, where the services are.
+"""The console's settings: where it listens, how it encrypts sessions, where the services are.
 
 All ``FLOTILLA_*`` variables (or the stack env file), like every member of the fleet:
 ``FLOTILLA_HTTP_HOST`` / ``FLOTILLA_HTTP_PORT`` (default 18108),
@@ -27,7 +27,7 @@ class ConsoleSettings(ServiceSettings):
     service_name: str = CONSOLE.name
     http_port: int = CONSOLE.http_port
 
-    # HMAC key of the session cookie; at least 32 characters when set.
+    # The secret the session cookie's encryption key is derived from; at least 32 characters when set.
     console_session_secret: SecretStr | None = None
     # How long a login lasts (absolute, not sliding).
     console_session_hours: float = 8.0

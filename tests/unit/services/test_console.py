@@ -4,6 +4,7 @@ the digest shown, refusals in words, unreachable services, the timeline and the 
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -17,6 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.fernet import Fernet, InvalidToken
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fastapi.testclient import TestClient
 from flotilla_ops.fleetapi import FleetApi, FleetEndpoints
 
@@ -403,19 +407,89 @@ def test_operational_endpoints(client: TestClient) -> None:
 # ----------------------------------------------------------------------- session
 
 
-def test_session_cookie_is_signed_and_checked() -> None:
+def _token_leaks(cookie: str, token: str) -> bool:
+    """Whether ``token`` can be read off ``cookie``: as is, or base64url-decoding any part."""
+    if token in cookie:
+        return True
+    for part in cookie.split("."):
+        for start in range(4):  # every alignment, so a token inside a longer base64 text is found
+            chunk = part[start:]
+            chunk = chunk[: len(chunk) - len(chunk) % 4]
+            try:
+                if token.encode() in base64.urlsafe_b64decode(chunk):
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def _altered(cookie: str, at: int) -> str:
+    """``cookie`` with one base64url character at ``at`` replaced by another."""
+    return cookie[:at] + ("A" if cookie[at] != "A" else "B") + cookie[at + 1 :]
+
+
+def test_session_cookie_round_trips() -> None:
     codec = SessionCodec(SECRET.encode())
     session = Session.fresh(60, token="alice-token")
-    cookie = codec.dumps(session)
-    loaded = codec.loads(cookie)
-    assert loaded is not None and loaded.token == "alice-token" and loaded.csrf == session.csrf
-    body, mac = cookie.split(".")
-    forged_body = body[:-2] + ("AA" if body[-2:] != "AA" else "BB")
-    assert codec.loads(f"{forged_body}.{mac}") is None
-    assert SessionCodec(b"t" * 40).loads(cookie) is None  # another secret
-    assert codec.loads(cookie, now=time.time() + 120) is None  # expired
+    session.flash("ok", "Signed in.")
+    loaded = codec.loads(codec.dumps(session))
+    assert loaded is not None
+    assert (loaded.token, loaded.csrf, loaded.expires, loaded.flashes) == (
+        "alice-token",
+        session.csrf,
+        session.expires,
+        [("ok", "Signed in.")],
+    )
+    anonymous = codec.loads(codec.dumps(Session.fresh(60)))
+    assert anonymous is not None and not anonymous.logged_in
     assert codec.loads("garbage") is None
+    assert codec.loads("") is None
     assert codec.loads(None) is None
+    assert codec.loads("é" * 10) is None
+
+
+def test_session_cookie_does_not_reveal_the_token() -> None:
+    token = "alice-secret-bearer-token"
+    cookie = SessionCodec(SECRET.encode()).dumps(Session.fresh(60, token=token))
+    assert not _token_leaks(cookie, token)
+    assert not _token_leaks(cookie, "csrf")  # nor the payload's structure
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", cookie)  # no quoting needed in a Set-Cookie header
+
+
+def test_the_cookie_is_fernet_under_a_key_derived_from_the_secret() -> None:
+    cookie = SessionCodec(SECRET.encode()).dumps(Session.fresh(60, token="alice-token"))
+    token = (cookie + "=" * (-len(cookie) % 4)).encode()
+    derived = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"flotilla-console-session.v2 fernet key"
+    ).derive(SECRET.encode())
+    payload = json.loads(Fernet(base64.urlsafe_b64encode(derived)).decrypt(token))
+    assert payload["tok"] == "alice-token"
+    with pytest.raises(InvalidToken):  # the raw secret is not the key
+        Fernet(base64.urlsafe_b64encode(SECRET.encode()[:32])).decrypt(token)
+
+
+def test_a_session_cookie_of_another_secret_is_rejected() -> None:
+    cookie = SessionCodec(b"t" * 40).dumps(Session.fresh(60, token="alice-token"))
+    assert SessionCodec(SECRET.encode()).loads(cookie) is None
+
+
+def test_a_modified_session_cookie_is_rejected() -> None:
+    codec = SessionCodec(SECRET.encode())
+    cookie = codec.dumps(Session.fresh(60, token="alice-token"))
+    for at in (0, 5, 15, len(cookie) // 2, len(cookie) - 50, len(cookie) - 2):
+        assert codec.loads(_altered(cookie, at)) is None, at
+    assert codec.loads(cookie[:-4]) is None  # cut short
+    assert codec.loads(cookie + "AAAA") is None  # extended
+
+
+def test_an_expired_session_cookie_is_rejected() -> None:
+    codec = SessionCodec(SECRET.encode())
+    cookie = codec.dumps(Session.fresh(60, token="alice-token"))
+    assert codec.loads(cookie, now=time.time() + 30) is not None
+    assert codec.loads(cookie, now=time.time() + 120) is None
+    past = Session.fresh(60, token="alice-token")
+    past.expires = time.time() - 1
+    assert codec.loads(codec.dumps(past)) is None
 
 
 def test_pages_need_a_login(client: TestClient) -> None:
@@ -425,10 +499,10 @@ def test_pages_need_a_login(client: TestClient) -> None:
         assert answer.headers["location"].startswith("/login?next=")
 
 
-def test_login_sets_a_signed_httponly_strict_cookie_and_logout_ends_it(client: TestClient) -> None:
+def test_login_sets_an_encrypted_httponly_strict_cookie_and_logout_ends_it(client: TestClient) -> None:
     login(client)
     cookie = client.cookies.get(COOKIE_NAME)
-    assert cookie and "alice-token" not in cookie.split(".")[1]
+    assert cookie and not _token_leaks(cookie, "alice-token")
     page = client.get("/approvals")
     assert page.status_code == 200
     assert "signed in" in page.text and "Signed in." in page.text
@@ -488,6 +562,22 @@ def test_a_tampered_cookie_is_an_anonymous_session(client: TestClient) -> None:
     client.cookies.clear()
     client.cookies.set(COOKIE_NAME, cookie[:-3] + ("xyz" if not cookie.endswith("xyz") else "abc"))
     assert client.get("/approvals").status_code == 303
+
+
+def test_foreign_expired_and_old_cookies_are_anonymous_sessions(client: TestClient) -> None:
+    expired = Session.fresh(60, token="alice-token")
+    expired.expires = time.time() - 1
+    for cookie in (
+        SessionCodec(b"t" * 40).dumps(Session.fresh(60, token="alice-token")),  # another secret
+        SessionCodec(SECRET.encode()).dumps(expired),
+        "eyJ0b2siOiJhbGljZS10b2tlbiJ9.c2lnbmF0dXJl",  # the former signed-only format
+    ):
+        client.cookies.clear()
+        client.cookies.set(COOKIE_NAME, cookie)
+        answer = client.get("/approvals")
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+        assert f"{COOKIE_NAME}=" in answer.headers["set-cookie"]  # a fresh, anonymous session
+        assert cookie not in answer.headers["set-cookie"]
 
 
 # --------------------------------------------------------------------- approvals
