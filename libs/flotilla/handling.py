@@ -68,7 +68,7 @@ class HandlerContext:
         envelope = self.incoming.envelope.caused(record_type, self._source)
         value = {"eventId": envelope.id, **value}
         self._pending.append(self._outbox.row(topic=topic, key=key, value=value, envelope=envelope))
-        metrics.RECORDS_PRODUCED.labels(self._source, topic, record_type).inc()
+        metrics.count_produced(self._source, topic, record_type)
         self.emitted.append(envelope)
         return envelope
 

@@ -22,6 +22,13 @@ RECORDS_HANDLED = Counter(
 RECORDS_PRODUCED = Counter(
     "flotilla_records_produced_total", "Records written to the outbox for publication.", ["source", "topic", "type"]
 )
+
+
+def count_produced(source: str, topic: str, record_type: str) -> None:
+    """Count one record appended to the outbox: the one place every emit path counts it."""
+    RECORDS_PRODUCED.labels(source, topic, record_type).inc()
+
+
 HANDLER_SECONDS = Histogram(
     "flotilla_handler_seconds",
     "Time in a record's handler, dedupe and state included.",

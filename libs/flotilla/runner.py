@@ -22,7 +22,7 @@ import psycopg
 from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
 
-from flotilla import consumer
+from flotilla import consumer, metrics
 from flotilla.bootstrap import bootstrap_outbox, ensure_database
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.envelope import Envelope
@@ -59,13 +59,15 @@ class ServiceContext:
     ) -> Envelope:
         """Append a record that no consumed record caused directly (a timer, a person, a
         scrape), inside the caller's transaction. With ``cause`` it continues that
-        record's chain (causation, hops, trace); without, it starts a new one."""
+        record's chain (causation, hops, trace); without, it starts a new one. Counted in
+        ``flotilla_records_produced_total`` once appended, like a handler's emit."""
         envelope = (
             cause.caused(record_type, self.source)
             if cause is not None
             else Envelope(type=record_type, source=self.source, correlationid=correlation)
         )
         self.outbox.append(conn, topic=topic, key=key, value={"eventId": envelope.id, **value}, envelope=envelope)
+        metrics.count_produced(self.source, topic, record_type)
         return envelope
 
     def now(self) -> datetime:

@@ -84,7 +84,7 @@ class Reconciler:
             for letter, announced in new:
                 QUARANTINED.labels(letter.error_class, letter.origin_topic).inc()
                 if announced:
-                    metrics.RECORDS_PRODUCED.labels(self._ctx.source, self._topic, DEAD_LETTER_QUARANTINED).inc()
+                    metrics.count_produced(self._ctx.source, self._topic, DEAD_LETTER_QUARANTINED)
                 else:
                     log.error(
                         "hop budget of %s spent: quarantined without a DeadLetterQuarantined fact",

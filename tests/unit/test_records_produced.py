@@ -1,0 +1,119 @@
+"""``flotilla_records_produced_total`` counts every record appended to the outbox: those a
+handler emits and those a service emits outside a handler (a timer, a person's HTTP
+call) through ``ServiceContext.emit``. Driven through both emit paths with a fake outbox
+(nothing connects) and read back from the Prometheus registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from flotilla.envelope import Envelope
+from flotilla.handling import HandlerContext, Incoming
+from flotilla.outbox import OutboxRow
+from flotilla.runner import ServiceContext, ServiceSpec
+
+TOPIC = "incidents"
+OPENED = "flotilla.incidents.ServiceLatencyIncreased"
+APPROVED = "flotilla.incidents.RecoveryApproved"
+
+
+def produced(source: str, record_type: str, topic: str = TOPIC) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "flotilla_records_produced_total", {"source": source, "topic": topic, "type": record_type}
+        )
+        or 0.0
+    )
+
+
+class FakeOutbox:
+    """Records what would have been serialized and inserted; refuses values marked invalid."""
+
+    def __init__(self) -> None:
+        self.appended: list[tuple[str, str, dict[str, Any], Envelope]] = []
+
+    def _check(self, value: dict[str, Any]) -> None:
+        if value.get("invalid"):
+            raise ValueError("does not match the schema")
+
+    def append(self, conn: Any, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> bytes:
+        self._check(value)
+        self.appended.append((topic, key, value, envelope))
+        return b""
+
+    def row(self, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> OutboxRow:
+        self._check(value)
+        return (envelope.id, topic, key, envelope.type)
+
+
+def service(name: str) -> tuple[ServiceContext, FakeOutbox]:
+    ctx = ServiceContext(ServiceSpec(name=name, database="none"), None, None, None)  # type: ignore[arg-type]
+    outbox = FakeOutbox()
+    ctx.outbox = outbox  # type: ignore[assignment]
+    return ctx, outbox
+
+
+def test_records_emitted_outside_a_handler_are_counted() -> None:
+    ctx, outbox = service("produced-timer")
+    before = produced(ctx.source, OPENED), produced(ctx.source, APPROVED)
+    opened = ctx.emit(
+        None,  # type: ignore[arg-type]
+        topic=TOPIC,
+        key="incident-1",
+        record_type=OPENED,
+        value={"incidentId": "incident-1"},
+        correlation="incident-1",
+    )
+    ctx.emit(
+        None,  # type: ignore[arg-type]
+        topic=TOPIC,
+        key="incident-1",
+        record_type=APPROVED,
+        value={"incidentId": "incident-1"},
+        correlation="incident-1",
+        cause=opened,
+    )
+    assert len(outbox.appended) == 2
+    assert (produced(ctx.source, OPENED), produced(ctx.source, APPROVED)) == (before[0] + 1, before[1] + 1)
+    assert ctx.source == "/flotilla/produced-timer"
+
+
+def test_a_record_the_outbox_refuses_is_not_counted() -> None:
+    ctx, outbox = service("produced-refused")
+    before = produced(ctx.source, OPENED)
+    with pytest.raises(ValueError):
+        ctx.emit(
+            None,  # type: ignore[arg-type]
+            topic=TOPIC,
+            key="incident-2",
+            record_type=OPENED,
+            value={"invalid": True},
+            correlation="incident-2",
+        )
+    assert outbox.appended == []
+    assert produced(ctx.source, OPENED) == before
+
+
+def test_handler_and_service_emits_count_in_the_same_series() -> None:
+    ctx, _ = service("produced-both")
+    before = produced(ctx.source, APPROVED)
+    cause = Envelope(type=OPENED, source="/flotilla/elsewhere", correlationid="incident-3")
+    incoming = Incoming(
+        topic=TOPIC, partition=0, offset=0, key="incident-3", envelope=cause, record_type=OPENED, value={}
+    )
+    pending: list[OutboxRow] = []
+    handler = HandlerContext(None, incoming, None, FakeOutbox(), ctx.source, pending)  # type: ignore[arg-type]
+    handler.emit(TOPIC, "incident-3", APPROVED, {"incidentId": "incident-3"})
+    ctx.emit(
+        None,  # type: ignore[arg-type]
+        topic=TOPIC,
+        key="incident-3",
+        record_type=APPROVED,
+        value={"incidentId": "incident-3"},
+        correlation="incident-3",
+    )
+    assert len(pending) == 1
+    assert produced(ctx.source, APPROVED) == before + 2
