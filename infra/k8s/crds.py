@@ -3,10 +3,10 @@
 Nothing is vendored: the CRDs are obtained from package registries and cached under
 ``.cache/k8s-crds/`` (git-ignored), keyed by version, so a second run is offline.
 
-* KEDA ``ScaledObject``: ``config/crd/bases/keda.sh_scaledobjects.yaml`` of the KEDA Go
-  module, from the Go module proxy (``go mod download``).
-* Strimzi ``KafkaConnect`` / ``KafkaConnector``: Strimzi's CRDs are not published as
-  files on Maven Central, but the model classes they are generated from are
+* KEDA ``ScaledObject`` and ``TriggerAuthentication``: ``config/crd/bases/keda.sh_*.yaml``
+  of the KEDA Go module, from the Go module proxy (``go mod download``).
+* Strimzi ``KafkaConnect`` / ``KafkaConnector`` / ``KafkaUser`` / ``KafkaTopic``: Strimzi's
+  CRDs are not published as files on Maven Central, but the model classes they are generated from are
   (``io.strimzi:api``), and so is the generator Strimzi's build runs on them
   (``io.strimzi:crd-generator``, last published for 0.45.0). The CRDs are generated
   here with Strimzi's own arguments (CRD apiextensions/v1, API versions v1beta2 and v1).
@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,15 @@ CACHE = REPO_ROOT / ".cache" / "k8s-crds"
 
 KEDA_MODULE = "github.com/kedacore/keda/v2"
 KEDA_VERSION = "v2.16.1"
-KEDA_CRDS = ("keda.sh_scaledobjects.yaml",)
+KEDA_CRDS = ("keda.sh_scaledobjects.yaml", "keda.sh_triggerauthentications.yaml")
 
 STRIMZI_API_VERSION = "0.51.0"  # io.strimzi:api, the model classes
 STRIMZI_GENERATOR_VERSION = "0.45.0"  # io.strimzi:crd-generator, the last one on Maven Central
 STRIMZI_CLASSES = {
     "kafkaconnects.yaml": "io.strimzi.api.kafka.model.connect.KafkaConnect",
     "kafkaconnectors.yaml": "io.strimzi.api.kafka.model.connector.KafkaConnector",
+    "kafkausers.yaml": "io.strimzi.api.kafka.model.user.KafkaUser",
+    "kafkatopics.yaml": "io.strimzi.api.kafka.model.topic.KafkaTopic",
 }
 GENERATOR = "io.strimzi.crdgenerator.CrdGenerator"
 
@@ -79,11 +82,15 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeou
     return done.stdout
 
 
-def _publish(tmp: Path, final: Path) -> Path:
-    """Move a finished folder into place (another run may have won: keep theirs)."""
+def _publish(tmp: Path, final: Path, names: Iterable[str]) -> Path:
+    """Move a finished folder into place (another run may have won: keep theirs). A cache
+    made when fewer CRDs were needed gets the missing files, one atomic rename each."""
     try:
         tmp.rename(final)
     except OSError:
+        for name in names:
+            if not (final / name).exists():
+                os.replace(tmp / name, final / name)
         shutil.rmtree(tmp, ignore_errors=True)
     return final
 
@@ -111,7 +118,7 @@ def keda_dir() -> Path:
         tmp = Path(tempfile.mkdtemp(dir=CACHE, prefix=".keda-"))
         for name in KEDA_CRDS:
             shutil.copyfile(bases / name, tmp / name)
-    return _publish(tmp, final)
+    return _publish(tmp, final, KEDA_CRDS)
 
 
 def strimzi_dir() -> Path:
@@ -135,7 +142,7 @@ def strimzi_dir() -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _publish(tmp, final)
+    return _publish(tmp, final, STRIMZI_CLASSES)
 
 
 def load_crds() -> list[dict[str, Any]]:

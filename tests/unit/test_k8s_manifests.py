@@ -8,7 +8,8 @@ Maven Central artifacts; ``infra/k8s/crds.py``), made strict the same way. Then 
 fleet's own rules: one hardened Deployment per member, every variable one its settings
 read, secrets referenced and never written, the outbox connectors equal to the Python
 definition, KEDA on the right consumer groups, PDBs and NetworkPolicies that select
-what exists.
+what exists; in production, every Kafka client on TLS + SCRAM-SHA-512 as its own
+KafkaUser, whose ACLs are exactly what the services' code consumes and produces.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 K8S = REPO_ROOT / "infra" / "k8s"
 
 
-def _script(name: str) -> ModuleType:
-    """A module of infra/k8s/ (not a package), loaded without touching sys.path."""
-    spec = importlib.util.spec_from_file_location(f"flotilla_k8s_{name}", K8S / f"{name}.py")
+def _script(name: str, folder: Path = K8S) -> ModuleType:
+    """A module of infra/ (not a package), loaded without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(f"flotilla_{folder.name}_{name}", folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -52,12 +53,31 @@ def _script(name: str) -> ModuleType:
 
 k8s_connectors = _script("connectors")
 crds = _script("crds")
+stackctl = _script("stackctl", REPO_ROOT / "infra" / "local")  # the local stack's topics
 
 K8S_VERSION = "1.32.0"  # the kubectl on these machines; KEDA 2.16 and Strimzi 0.51 support it
 OVERLAYS = ("dev", "production")
 IMAGE = "flotilla/flotilla"
 UID = 10001
-CUSTOM_KINDS = {"ScaledObject", "KafkaConnect", "KafkaConnector"}
+# Custom resources every overlay has, and those only production has (Kafka security).
+BASE_CUSTOM_KINDS = {"ScaledObject", "KafkaConnect", "KafkaConnector"}
+SECURITY_KINDS = {"KafkaUser", "KafkaTopic", "TriggerAuthentication"}
+CUSTOM_KINDS = BASE_CUSTOM_KINDS | SECURITY_KINDS
+KAFKA_CLUSTER = "flotilla"  # the Strimzi Kafka of the production overlay
+CLUSTER_CA = f"{KAFKA_CLUSTER}-cluster-ca-cert"  # Strimzi's public cluster CA Secret (key ca.crt)
+# The members with a Kafka client: those with a database (the console and the sim have
+# neither), each logging in as its own KafkaUser; Kafka Connect and KEDA have theirs too.
+KAFKA_CLIENTS = tuple(m.name for m in FLEET if m.database is not None)
+KAFKA_USERS = {member: f"flotilla-{member}" for member in KAFKA_CLIENTS}
+CONNECT_USER = "flotilla-connect"
+KEDA_USER = "flotilla-keda"
+KAFKA_SECURITY_VARS = {
+    "FLOTILLA_KAFKA_SECURITY_PROTOCOL",
+    "FLOTILLA_KAFKA_SASL_MECHANISM",
+    "FLOTILLA_KAFKA_SASL_USERNAME",
+    "FLOTILLA_KAFKA_SASL_PASSWORD",
+    "FLOTILLA_KAFKA_SSL_CA_LOCATION",
+}
 # The secrets the manifests may reference (docs/operations/kubernetes.md says how to make them).
 SECRETS = {
     "flotilla-postgres",
@@ -67,6 +87,11 @@ SECRETS = {
     "flotilla-console",
     "flotilla-audit-signing-key",
     "flotilla-console-tls",
+    # Made by Strimzi (production): one per KafkaUser, and the cluster CA (copied in).
+    *KAFKA_USERS.values(),
+    CONNECT_USER,
+    KEDA_USER,
+    CLUSTER_CA,
 }
 # Consumer groups KEDA scales, and the topics each consumes (the services' ServiceSpecs;
 # the executor's is checked against services.executor.service.spec() below).
@@ -240,10 +265,11 @@ def _strict(schema: Any) -> Any:
 
 
 def test_custom_resources_match_their_crds(
-    objects: tuple[dict[str, Any], ...], crd_schemas: dict[tuple[str, str], dict[str, Any]]
+    overlay: str, objects: tuple[dict[str, Any], ...], crd_schemas: dict[tuple[str, str], dict[str, Any]]
 ) -> None:
     custom = [o for o in objects if o["kind"] in CUSTOM_KINDS]
-    assert {o["kind"] for o in custom} == CUSTOM_KINDS
+    expected = CUSTOM_KINDS if overlay == "production" else BASE_CUSTOM_KINDS
+    assert {o["kind"] for o in custom} == expected
     problems = []
     for obj in custom:
         schema = crd_schemas.get((obj["apiVersion"], obj["kind"]))
@@ -391,6 +417,14 @@ def _secret_refs(objects: tuple[dict[str, Any], ...]) -> Iterator[tuple[str, str
             ref = entry.get("valueFrom", {}).get("secretKeyRef")
             if ref:
                 yield ident(kc), ref["name"], ref
+        password = kc["spec"].get("authentication", {}).get("passwordSecret")
+        if password:
+            yield ident(kc), password["secretName"], password
+        for cert in kc["spec"].get("tls", {}).get("trustedCertificates", []):
+            yield ident(kc), cert["secretName"], cert
+    for auth in of_kind(objects, "TriggerAuthentication"):
+        for ref in auth["spec"].get("secretTargetRef", []):
+            yield ident(auth), ref["name"], ref
 
 
 def test_secrets_are_referenced_never_written(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
@@ -496,6 +530,199 @@ def test_scaled_objects_follow_the_consumer_groups(objects: tuple[dict[str, Any]
             topics.add(meta["topic"])
         assert topics == SCALED_TOPICS[target], target
     assert scaled["executor"]["spec"]["maxReplicaCount"] <= EXECUTOR_MAX_REPLICAS
+
+
+# ----------------------------------------------------------------------------- Kafka security
+
+# What a Strimzi simple-authorization ACL grants: (resource type, name, operation).
+Grant = tuple[str, str, str]
+
+
+def _grants(user: dict[str, Any]) -> set[Grant]:
+    found: set[Grant] = set()
+    for acl in user["spec"]["authorization"]["acls"]:
+        resource = acl["resource"]
+        assert acl.get("type", "allow") == "allow", f"{ident(user)}: deny rules are not used"
+        assert acl.get("host", "*") == "*", ident(user)
+        # Literal names only: no `*`, no prefixes, no cluster or transactional-id rights.
+        assert resource.get("patternType", "literal") == "literal", f"{ident(user)}: {resource}"
+        assert resource["type"] in ("topic", "group"), f"{ident(user)}: {resource}"
+        assert "*" not in resource["name"], f"{ident(user)}: {resource}"
+        found |= {(resource["type"], resource["name"], op) for op in acl["operations"]}
+    return found
+
+
+def _consumes(group: str, topics: set[str]) -> set[Grant]:
+    return {("group", group, "Read")} | {("topic", t, op) for t in topics for op in ("Read", "Describe")}
+
+
+def _produces(topics: set[str]) -> set[Grant]:
+    return {("topic", t, op) for t in topics for op in ("Write", "Describe")}
+
+
+def _member_kafka_access(member: str) -> tuple[set[str], set[str]]:
+    """(topics consumed, topics produced) by a member's own Kafka clients, from its code:
+    a decoding loop consumes its spec's topics and dead-letters to ``<topic>.dlq``; the
+    audit and the DLQ reconciler read raw loops, and the reconciler re-queues to the
+    origin topic. Everything else leaves through the outbox (Kafka Connect)."""
+    from flotilla.deadletter import dlq_topic
+    from services.audit.settings import AuditSettings
+    from services.dlq_reconciler.settings import DlqSettings
+
+    if member == "audit":
+        return set(AuditSettings().audit_topics), set()
+    if member == "dlq-reconciler":
+        dlqs = set(DlqSettings().dlq_topics)
+        return dlqs, {t.removesuffix(".dlq") for t in dlqs}
+    module = importlib.import_module(f"{BY_NAME[member].module}.service")
+    built = module.spec() if hasattr(module, "spec") else module.build_spec()
+    spec = built[0] if isinstance(built, tuple) else built
+    assert spec.name == member and spec.topics, member
+    return set(spec.topics), {dlq_topic(t) for t in spec.topics}
+
+
+def _fleet_topics() -> set[str]:
+    return set(stackctl.TOPICS)
+
+
+def _outbox_topics() -> set[str]:
+    """Where the outbox connectors route records (aggregatetype): the work topics."""
+    return {t for t in _fleet_topics() if not t.endswith(".dlq")}
+
+
+def test_kafka_clients_connect_securely_in_production_only(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    for workload in workloads(objects):
+        member = member_of(workload)
+        spec = workload["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = container_env(objects, container)
+        if overlay == "dev" or member not in KAFKA_CLIENTS:
+            # dev connects in plaintext; the prepare Job and the console never talk to Kafka.
+            assert not KAFKA_SECURITY_VARS & set(env), f"{ident(workload)}: {sorted(KAFKA_SECURITY_VARS & set(env))}"
+            assert not any(v.get("secret", {}).get("secretName") == CLUSTER_CA for v in spec["volumes"])
+            continue
+        assert env["FLOTILLA_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", ident(workload)
+        assert env["FLOTILLA_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", ident(workload)
+        assert env["FLOTILLA_KAFKA_SASL_USERNAME"] == KAFKA_USERS[member], ident(workload)
+        password = env["FLOTILLA_KAFKA_SASL_PASSWORD"]
+        assert isinstance(password, dict) and "value" not in password, f"{ident(workload)}: a literal password"
+        assert password["valueFrom"] == {"secretKeyRef": {"name": KAFKA_USERS[member], "key": "password"}}
+        # The CA: a file inside a read-only mount of Strimzi's cluster CA Secret, key ca.crt.
+        ca_file = Path(env["FLOTILLA_KAFKA_SSL_CA_LOCATION"])
+        (mount,) = [m for m in container["volumeMounts"] if ca_file.is_relative_to(m["mountPath"])]
+        assert mount["readOnly"] is True and "subPath" not in mount, ident(workload)
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        secret = volume["secret"]
+        assert secret["secretName"] == CLUSTER_CA, ident(workload)
+        inside = str(ca_file.relative_to(mount["mountPath"]))
+        assert {"key": "ca.crt", "path": inside} in secret.get("items", [{"key": "ca.crt", "path": "ca.crt"}])
+        # And the settings accept it: the librdkafka configuration every client gets.
+        fields = {n.removeprefix("FLOTILLA_").lower(): v for n, v in env.items() if isinstance(v, str)}
+        fields["kafka_sasl_password"] = "from-the-secret"
+        known = {k: v for k, v in fields.items() if k in StackSettings.model_fields}
+        client = StackSettings.model_validate(known).kafka_client()
+        assert client["security.protocol"] == "sasl_ssl" and client["sasl.mechanism"] == "SCRAM-SHA-512"
+        assert client["ssl.ca.location"] == str(ca_file) and client["sasl.username"] == KAFKA_USERS[member]
+
+
+def test_kafka_users_grant_exactly_what_each_client_does(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    users = {u["metadata"]["name"]: u for u in of_kind(objects, "KafkaUser")}
+    if overlay == "dev":
+        assert users == {}
+        return
+    for user in users.values():
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == KAFKA_CLUSTER, ident(user)
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}, ident(user)
+        assert user["spec"]["authorization"]["type"] == "simple", ident(user)
+    expected: dict[str, set[Grant]] = {}
+    for member in KAFKA_CLIENTS:
+        consumed, produced = _member_kafka_access(member)
+        assert consumed | produced <= _fleet_topics(), member
+        expected[KAFKA_USERS[member]] = _consumes(member, consumed) | _produces(produced)
+    # Kafka Connect: its worker group and internal topics, and the outbox destinations.
+    (kc,) = of_kind(objects, "KafkaConnect")
+    internal = {kc["spec"][f"{k}StorageTopic"] for k in ("config", "offset", "status")}
+    connect = {("group", kc["spec"]["groupId"], "Read")} | _produces(_outbox_topics())
+    connect |= {("topic", t, op) for t in internal for op in ("Read", "Write", "Describe", "DescribeConfigs", "Create")}
+    expected[CONNECT_USER] = connect
+    # KEDA: Describe on the groups it measures and their topics, nothing more.
+    keda: set[Grant] = set()
+    for so in of_kind(objects, "ScaledObject"):
+        for trigger in so["spec"]["triggers"]:
+            keda |= {("group", trigger["metadata"]["consumerGroup"], "Describe")}
+            keda |= {("topic", trigger["metadata"]["topic"], "Describe")}
+    expected[KEDA_USER] = keda
+    assert set(users) == set(expected)
+    for name, grants in expected.items():
+        actual = _grants(users[name])
+        assert actual == grants, f"{name}: missing {sorted(grants - actual)}, extra {sorted(actual - grants)}"
+
+
+def test_kafka_topics_are_the_local_stacks(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    topics = {t["metadata"]["name"]: t for t in of_kind(objects, "KafkaTopic")}
+    if overlay == "dev":
+        assert topics == {}
+        return
+    assert set(topics) == _fleet_topics()
+    for name, (partitions, config) in stackctl.TOPICS.items():
+        spec = topics[name]["spec"]
+        assert topics[name]["metadata"]["labels"]["strimzi.io/cluster"] == KAFKA_CLUSTER
+        assert "topicName" not in spec, name
+        assert spec["partitions"] == partitions, name
+        declared = {k: str(v) for k, v in spec.get("config", {}).items()}
+        assert declared.items() >= config.items(), name
+        assert spec["replicas"] > int(declared["min.insync.replicas"]) > 1, f"{name}: acks=all must survive a broker"
+    assert {topics[t]["spec"]["partitions"] for t in ("incidents", "commands")} == {PARTITIONS}
+
+
+def test_kafka_connect_authenticates_and_trusts_the_cluster_ca(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    (kc,) = of_kind(objects, "KafkaConnect")
+    if overlay == "dev":
+        assert "authentication" not in kc["spec"] and "tls" not in kc["spec"]
+        return
+    assert kc["spec"]["authentication"] == {
+        "type": "scram-sha-512",
+        "username": CONNECT_USER,
+        "passwordSecret": {"secretName": CONNECT_USER, "password": "password"},
+    }
+    assert kc["spec"]["tls"] == {"trustedCertificates": [{"secretName": CLUSTER_CA, "certificate": "ca.crt"}]}
+    named(objects, "KafkaUser", CONNECT_USER)
+
+
+def test_keda_authenticates_with_a_trigger_authentication_that_exists(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    refs = [t.get("authenticationRef") for so in of_kind(objects, "ScaledObject") for t in so["spec"]["triggers"]]
+    if overlay == "dev":
+        assert refs == [None] * len(refs) and of_kind(objects, "TriggerAuthentication") == []
+        return
+    for ref in refs:
+        assert ref is not None and ref.get("kind", "TriggerAuthentication") == "TriggerAuthentication"
+        auth = named(objects, "TriggerAuthentication", ref["name"])["spec"]
+        params: dict[str, Any] = {}
+        for entry in auth.get("configMapTargetRef", []):
+            # KEDA looks the ConfigMap up by this exact name: it must not be hash-suffixed.
+            params[entry["parameter"]] = configmap_data(objects, entry["name"])[entry["key"]]
+        for entry in auth.get("secretTargetRef", []):
+            params[entry["parameter"]] = (entry["name"], entry["key"])
+        assert params == {
+            "sasl": "scram_sha512",
+            "username": KEDA_USER,
+            "password": (KEDA_USER, "password"),
+            "tls": "enable",
+            "ca": (CLUSTER_CA, "ca.crt"),
+        }
+        named(objects, "KafkaUser", KEDA_USER)
+
+
+def test_the_fleet_may_reach_the_kafka_listener(objects: tuple[dict[str, Any], ...]) -> None:
+    port = int(configmap_data(objects, _stack_configmap(objects))["FLOTILLA_KAFKA_BOOTSTRAP"].rsplit(":", 1)[1])
+    egress = named(objects, "NetworkPolicy", "backend-egress")["spec"]["egress"]
+    allowed = {p["port"] for rule in egress for p in rule.get("ports", [])}
+    assert port in allowed
+    assert not ({9092, 9093} - {port}) & allowed, "only the listener the fleet uses"
 
 
 # ----------------------------------------------------------------------------- PDBs, NetworkPolicies, RBAC
