@@ -32,6 +32,7 @@ from flotilla.serde import AvroSerde, SerdeError, registry_client
 from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import tail_consumer
 from services.fleet import HEALTH, SIM, url
+from services.health_agent.scrape import breach_closed
 
 CHAIN = [
     "ServiceLatencyIncreased",
@@ -65,11 +66,8 @@ def wait_healthy(settings: StackSettings, service: str, timeout: float = 60) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with psycopg.connect(settings.pg_dsn(HEALTH.database)) as conn:
-            row = conn.execute(
-                "SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)
-            ).fetchone()
-        if row is None or (str(row[0]).lower() == "healthy" and row[1] is None):
-            return
+            if breach_closed(conn, service):
+                return
         time.sleep(0.2)
     raise SystemExit(f"{service} did not return to healthy within {timeout:.0f}s")
 

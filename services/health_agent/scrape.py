@@ -60,6 +60,13 @@ VERIFICATIONS = Counter(
 SCRAPE_FAILURES = Counter("flotilla_health_scrape_failures_total", "Scrapes of the metrics source that failed.")
 
 
+def breach_closed(conn: psycopg.Connection[Any], service: str) -> bool:
+    """Whether ``service`` is healthy with no incident open (or was never scraped): the
+    next fault then opens a new incident instead of continuing the last one."""
+    row = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)).fetchone()
+    return row is None or (str(row[0]).lower() == Phase.HEALTHY and row[1] is None)
+
+
 class Scraper:
     """The periodic task (one instance per process; it keeps no state between ticks)."""
 

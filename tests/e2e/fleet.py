@@ -151,16 +151,15 @@ class Fleet:
         (so the next fault opens a new incident rather than continuing the last one)."""
         import psycopg
 
+        from services.health_agent.scrape import breach_closed
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with psycopg.connect(self.stack.pg_dsn(HEALTH.database)) as conn:
-                row = conn.execute(
-                    "SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)
-                ).fetchone()
-            if row is None or (str(row[0]).lower() == "healthy" and row[1] is None):
-                return
+                if breach_closed(conn, service):
+                    return
             time.sleep(0.2)
-        raise AssertionError(f"{service} still breaching (or its incident still open) after {timeout:.0f}s: {row}")
+        raise AssertionError(f"{service} still breaching (or its incident still open) after {timeout:.0f}s")
 
     def executor_pending(self, idempotency_key: str) -> bool:
         """Whether the executor has marked the key PENDING (it is about to act or acting)."""
@@ -170,11 +169,8 @@ class Fleet:
             row = conn.execute("SELECT state FROM executions WHERE idempotency_key = %s", (idempotency_key,)).fetchone()
         return row is not None and row[0] == "PENDING"
 
-    def kill(self, service: str) -> None:
-        """SIGKILL a member's process (supervisord starts it again)."""
-        import os
-        import signal
-
+    def pid(self, service: str) -> int:
+        """The process id of a member, from its supervisor."""
         done = subprocess.run(
             [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "pid", service],
             capture_output=True,
@@ -182,7 +178,14 @@ class Fleet:
             timeout=30,
         )
         assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stdout + done.stderr
-        os.kill(int(done.stdout.strip()), signal.SIGKILL)
+        return int(done.stdout.strip())
+
+    def kill(self, service: str) -> None:
+        """SIGKILL a member's process (supervisord starts it again)."""
+        import os
+        import signal
+
+        os.kill(self.pid(service), signal.SIGKILL)
 
     def restart(self, service: str) -> None:
         done = subprocess.run(

@@ -44,14 +44,7 @@ class ExecutorProcess:
 
 
 def fleet_executor(fleet: Fleet) -> ExecutorProcess:
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "pid", EXECUTOR.name],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stdout + done.stderr
-    pid = int(done.stdout.strip())
+    pid = fleet.pid(EXECUTOR.name)
     holder = f"{os.uname().nodename}-{pid}"  # the default executor id: <hostname>-<pid>
     log = REPO_ROOT / ".stack" / "logs" / "executor.log"
     return ExecutorProcess(pid, holder, f"http://127.0.0.1:{EXECUTOR.http_port}", log)
