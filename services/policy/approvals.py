@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from prometheus_client import Counter, Gauge
 
+from flotilla.envelope import Envelope
 from flotilla.runner import ServiceContext
 from flotilla.workflow import WorkflowStore
 from services.policy import records, store
@@ -127,6 +128,28 @@ def _decide(
         return _reject(svc, conn, locked, person, reason, now)
 
 
+def _about(
+    svc: ServiceContext,
+    conn: psycopg.Connection[Any],
+    proposal: store.StoredProposal,
+    record_type: str,
+    value: dict[str, Any],
+    *,
+    cause: Envelope,
+) -> Envelope:
+    """A record about ``proposal`` on ``incidents``: keyed and correlated by its incident,
+    in the caller's transaction."""
+    return svc.emit(
+        conn,
+        topic=records.INCIDENTS_TOPIC,
+        key=proposal.incident_id,
+        record_type=record_type,
+        value=value,
+        correlation=proposal.incident_id,
+        cause=cause,
+    )
+
+
 def _approve(
     svc: ServiceContext,
     conn: psycopg.Connection[Any],
@@ -137,12 +160,12 @@ def _approve(
 ) -> Decided:
     if not store.resolve(conn, proposal.proposal_id, ProposalStatus.APPROVED, by=person.name, resolution="approved"):
         raise Refusal(409, f"proposal {proposal.proposal_id} is no longer pending")
-    approved = svc.emit(
+    approved = _about(
+        svc,
         conn,
-        topic=records.INCIDENTS_TOPIC,
-        key=proposal.incident_id,
-        record_type=records.RECOVERY_APPROVED,
-        value=records.recovery_approved(
+        proposal,
+        records.RECOVERY_APPROVED,
+        records.recovery_approved(
             incident=proposal.incident_id,
             proposal=proposal.proposal_id,
             digest=proposal.digest,
@@ -151,7 +174,6 @@ def _approve(
             policy_ids=policy_ids,
             at=now,
         ),
-        correlation=proposal.incident_id,
         cause=proposal.request_envelope(),
     )
     issued = records.issue_commands(
@@ -179,12 +201,12 @@ def _reject(
     why = (reason or "").strip() or f"rejected by {person.name}"
     if not store.resolve(conn, proposal.proposal_id, ProposalStatus.REJECTED, by=person.name, resolution=why):
         raise Refusal(409, f"proposal {proposal.proposal_id} is no longer pending")
-    rejected = svc.emit(
+    rejected = _about(
+        svc,
         conn,
-        topic=records.INCIDENTS_TOPIC,
-        key=proposal.incident_id,
-        record_type=records.RECOVERY_REJECTED,
-        value=records.recovery_rejected(
+        proposal,
+        records.RECOVERY_REJECTED,
+        records.recovery_rejected(
             incident=proposal.incident_id,
             proposal=proposal.proposal_id,
             digest=proposal.digest,
@@ -192,21 +214,19 @@ def _reject(
             reason=why,
             at=now,
         ),
-        correlation=proposal.incident_id,
         cause=proposal.request_envelope(),
     )
-    escalated = svc.emit(
+    escalated = _about(
+        svc,
         conn,
-        topic=records.INCIDENTS_TOPIC,
-        key=proposal.incident_id,
-        record_type=records.INCIDENT_ESCALATED,
-        value=records.incident_escalated(
+        proposal,
+        records.INCIDENT_ESCALATED,
+        records.incident_escalated(
             incident=proposal.incident_id,
             reason=f"{person.name} rejected proposal {proposal.proposal_id} ({proposal.summary}): {why}",
             cause=rejected,
             at=now,
         ),
-        correlation=proposal.incident_id,
         cause=rejected,
     )
     log.info("proposal %s rejected by %s: %s", proposal.proposal_id, person.name, why)
@@ -227,12 +247,12 @@ def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 
         due = store.expire_due(conn, at=now if proposal_id is not None else None, proposal_id=proposal_id, limit=limit)
         for proposal in due:
             assert proposal.deadline is not None
-            expired = svc.emit(
+            expired = _about(
+                svc,
                 conn,
-                topic=records.INCIDENTS_TOPIC,
-                key=proposal.incident_id,
-                record_type=records.APPROVAL_EXPIRED,
-                value=records.approval_expired(
+                proposal,
+                records.APPROVAL_EXPIRED,
+                records.approval_expired(
                     incident=proposal.incident_id,
                     proposal=proposal.proposal_id,
                     digest=proposal.digest,
@@ -240,15 +260,14 @@ def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 
                     deadline=proposal.deadline,
                     at=now,
                 ),
-                correlation=proposal.incident_id,
                 cause=proposal.request_envelope(),
             )
-            svc.emit(
+            _about(
+                svc,
                 conn,
-                topic=records.INCIDENTS_TOPIC,
-                key=proposal.incident_id,
-                record_type=records.INCIDENT_ESCALATED,
-                value=records.incident_escalated(
+                proposal,
+                records.INCIDENT_ESCALATED,
+                records.incident_escalated(
                     incident=proposal.incident_id,
                     reason=(
                         f"no approver decided on proposal {proposal.proposal_id} ({proposal.summary}) "
@@ -257,7 +276,6 @@ def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 
                     cause=expired,
                     at=now,
                 ),
-                correlation=proposal.incident_id,
                 cause=expired,
             )
             EXPIRED.inc()

@@ -76,6 +76,16 @@ class Target:
         }
 
 
+def distinct_targets(steps: Sequence[Mapping[str, Any]]) -> tuple[Target, ...]:
+    """The steps' targets (ResourceRef dicts), each once, in first-seen order."""
+    seen: dict[str, Target] = {}
+    for step in steps:
+        t = step["target"]
+        target = Target(kind=t["kind"], environment=t["environment"], name=t["name"])
+        seen.setdefault(target.key, target)
+    return tuple(seen.values())
+
+
 @dataclass(frozen=True)
 class StepFacts:
     """What policy may look at for one step: the command, plus the running replicas."""

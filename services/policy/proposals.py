@@ -15,7 +15,7 @@ from typing import Any
 
 from flotilla.digest import command_digest
 from services.policy.commands import KIND_FIELDS, MalformedStep, canonical_step, command_kind, summarize
-from services.policy.decide import ProposalFacts, StepFacts, Target
+from services.policy.decide import ProposalFacts, StepFacts, Target, distinct_targets
 
 
 class InvalidProposal(ValueError):
@@ -36,12 +36,7 @@ class Proposal:
     @property
     def targets(self) -> tuple[Target, ...]:
         """Distinct targets in first-seen order."""
-        seen: dict[str, Target] = {}
-        for step in self.steps:
-            t = step["target"]
-            target = Target(kind=t["kind"], environment=t["environment"], name=t["name"])
-            seen.setdefault(target.key, target)
-        return tuple(seen.values())
+        return distinct_targets(self.steps)
 
     @property
     def resources(self) -> list[str]:

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from flotilla.envelope import Envelope
 from services.policy.commands import command_record
-from services.policy.decide import Decision, ProposalFacts, Target
+from services.policy.decide import Decision, ProposalFacts, Target, distinct_targets
 from services.policy.rules import ProposalStatus, ProposalView
 
 HUMAN_APPROVAL_REQUIRED = "dev.flotilla.incidents.HumanApprovalRequired"
@@ -62,12 +62,7 @@ class StoredProposal:
 
     @property
     def targets(self) -> tuple[Target, ...]:
-        seen: dict[str, Target] = {}
-        for step in self.steps:
-            t = step["target"]
-            target = Target(kind=t["kind"], environment=t["environment"], name=t["name"])
-            seen.setdefault(target.key, target)
-        return tuple(seen.values())
+        return distinct_targets(self.steps)
 
     def view(self) -> ProposalView:
         return ProposalView(
