@@ -50,21 +50,6 @@ CREATE TABLE IF NOT EXISTS diagnoses (
 );
 CREATE INDEX IF NOT EXISTS diagnoses_incident_idx ON diagnoses (incident_id);
 
--- Decisions the reasoner could not make: the rejected answer stays here, never on a topic.
-CREATE TABLE IF NOT EXISTS reasoning_failures (
-    id                  bigserial   PRIMARY KEY,
-    incident_id         text        NOT NULL,
-    escalation_event_id uuid        NOT NULL,
-    reasoner            text        NOT NULL,
-    reason              text        NOT NULL,
-    problems            text[]      NOT NULL,
-    last_answer         text,
-    attempts            integer     NOT NULL,
-    prompt_tokens       bigint      NOT NULL,
-    completion_tokens   bigint      NOT NULL,
-    created_at          timestamptz NOT NULL DEFAULT now()
-);
-
 -- What "normal" is: dependency latencies seen while the caller was healthy (EWMA), and
 -- the revision each service last ran while healthy.
 CREATE TABLE IF NOT EXISTS latency_baselines (

@@ -8,9 +8,9 @@ from flotilla.runner import Periodic, ServiceContext, ServiceSpec
 from services import fleet
 from services.diagnostic_agent.handlers import DiagnosticAgent
 from services.diagnostic_agent.settings import DiagnosticSettings
-from services.reasoner import Reasoner, SimClient, make_reasoner
+from services.reasoner import Reasoner, SimClient, failures, make_reasoner
 
-MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION)
 
 
 def build_spec(

@@ -8,6 +8,24 @@ import psycopg
 
 from services.reasoner.base import ReasoningFailed
 
+# In the database of every agent that decides through a reasoner (its spec's migrations):
+# the rejected answer stays here, never on a topic.
+MIGRATION = """
+CREATE TABLE IF NOT EXISTS reasoning_failures (
+    id                  bigserial   PRIMARY KEY,
+    incident_id         text        NOT NULL,
+    escalation_event_id uuid        NOT NULL,
+    reasoner            text        NOT NULL,
+    reason              text        NOT NULL,
+    problems            text[]      NOT NULL,
+    last_answer         text,
+    attempts            integer     NOT NULL,
+    prompt_tokens       bigint      NOT NULL,
+    completion_tokens   bigint      NOT NULL,
+    created_at          timestamptz NOT NULL DEFAULT now()
+);
+"""
+
 
 def escalation_reason(failure: ReasoningFailed, what: str) -> str:
     """One sentence for IncidentEscalated.reason: no model output, only what went wrong."""

@@ -19,18 +19,3 @@ CREATE TABLE IF NOT EXISTS proposals (
     expires_at         timestamptz      NOT NULL
 );
 CREATE INDEX IF NOT EXISTS proposals_incident_idx ON proposals (incident_id);
-
--- Decisions the reasoner could not make: the rejected answer stays here, never on a topic.
-CREATE TABLE IF NOT EXISTS reasoning_failures (
-    id                  bigserial   PRIMARY KEY,
-    incident_id         text        NOT NULL,
-    escalation_event_id uuid        NOT NULL,
-    reasoner            text        NOT NULL,
-    reason              text        NOT NULL,
-    problems            text[]      NOT NULL,
-    last_answer         text,
-    attempts            integer     NOT NULL,
-    prompt_tokens       bigint      NOT NULL,
-    completion_tokens   bigint      NOT NULL,
-    created_at          timestamptz NOT NULL DEFAULT now()
-);

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from flotilla.runner import ServiceSpec
 from services import fleet
-from services.reasoner import Reasoner, SimClient, make_reasoner
+from services.reasoner import Reasoner, SimClient, failures, make_reasoner
 from services.remediation_agent.handlers import RemediationAgent
 from services.remediation_agent.settings import RemediationSettings
 
-MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION)
 
 
 def build_spec(
