@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Message
 from flotilla import tailing as headers
 from flotilla.tailing import tail_consumer
 
-__all__ = ["by_event_id", "header", "tail_consumer", "wait_for"]
+__all__ = ["by_event_id", "header", "read_until_all", "tail_consumer", "wait_for"]
 
 
 def wait_for(consumer: Consumer, match: Callable[[Message], bool], timeout: float = 30) -> Message:
@@ -23,6 +23,26 @@ def wait_for(consumer: Consumer, match: Callable[[Message], bool], timeout: floa
         if match(msg):
             return msg
     raise AssertionError(f"no matching record within {timeout:.0f} s")
+
+
+def read_until_all(consumer: Consumer, event_ids: set[str], timeout: float = 30) -> list[Message]:
+    """Every record read until each of ``event_ids`` has been seen, in the order read.
+
+    Waiting for several records one ``wait_for`` at a time would drop any awaited record
+    that arrives (on another partition) before the one being waited for.
+    """
+    missing = {event_id.encode() for event_id in event_ids}
+    read: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while missing and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is None or msg.error():
+            continue
+        read.append(msg)
+        missing.discard(header(msg, "ce_id") or b"")
+    if missing:
+        raise AssertionError(f"{len(missing)} of {len(event_ids)} records not seen within {timeout:.0f} s")
+    return read
 
 
 def header(msg: Message, name: str) -> bytes | None:
