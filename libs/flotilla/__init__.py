@@ -8,6 +8,7 @@ names not listed in ``__all__`` are internal. One job per module:
 - ``envelope``: CloudEvents headers and caused records
 - ``outbox`` + ``connectors`` + ``bootstrap``: publishing through Debezium
 - ``consumer`` + ``handling`` + ``dedupe`` + ``deadletter``: the idempotent consumer loop
+- ``rawloop`` + ``rawrecords``: consuming and showing records undecoded (audit, DLQ)
 - ``workflow``: the incident state machine and budgets;  ``digest``: approval digests
 - ``metrics`` + ``service``: the operational surface
 """
@@ -20,6 +21,7 @@ from flotilla.digest import command_digest
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
 from flotilla.outbox import Outbox
+from flotilla.rawloop import RawLoop
 from flotilla.serde import (
     AvroSerde,
     RecordValidationError,
@@ -58,6 +60,7 @@ __all__ = [
     "IncompatibleSchemaError",
     "LoopConfig",
     "Outbox",
+    "RawLoop",
     "Reason",
     "RecordValidationError",
     "SchemaNotRegisteredError",

@@ -157,6 +157,56 @@ class _BatchStates:
 States = _LiveStates | _BatchStates
 
 
+def group_consumer_config(
+    connection: Mapping[str, Any],
+    group: str,
+    *,
+    lag: metrics.ConsumerLag,
+    stats_interval_ms: int,
+    overrides: Mapping[str, str | int | bool],
+) -> dict[str, Any]:
+    """librdkafka settings of a group member that commits offsets itself, after its transaction.
+
+    Auto-commit and auto offset store are off: an offset is committed only once the
+    batch's database transaction has. ``lag`` receives librdkafka's statistics, from
+    which ``flotilla_consumer_lag`` is read; ``overrides`` win.
+    """
+    conf: dict[str, Any] = {
+        **connection,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 50,
+    }
+    if stats_interval_ms > 0:
+        # Served from poll()/consume() on the loop's own thread.
+        conf["statistics.interval.ms"] = stats_interval_ms
+        conf["stats_cb"] = lag
+    return {**conf, **overrides}
+
+
+def commit_offsets(consumer: Consumer, msgs: Iterable[Message]) -> None:
+    """Commit past ``msgs`` (their batch's transaction has committed), synchronously.
+
+    A commit refused because the group moved the partitions away is logged, not raised:
+    the database transaction already committed, and whoever owns the partitions now
+    gets these records again and its dedupe absorbs them.
+    """
+    highest: dict[tuple[str, int], int] = {}
+    for msg in msgs:
+        key = (msg.topic() or "", msg.partition() or 0)
+        highest[key] = max(highest.get(key, -1), msg.offset() or 0)
+    offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if not isinstance(error, KafkaError) or error.code() not in _LOST_PARTITIONS:
+            raise
+        log.warning("offsets not committed (%s): partitions were reassigned; redelivery is deduped", error)
+
+
 class ConsumerLoop:
     """Runs handlers over topics with exactly-once effects in the service's database."""
 
@@ -185,19 +235,13 @@ class ConsumerLoop:
 
     def kafka_config(self) -> dict[str, Any]:
         """The consumer's librdkafka configuration (``config.kafka`` wins)."""
-        conf: dict[str, Any] = {
-            **self._connection,
-            "group.id": self.config.name,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 50,
-        }
-        if self.config.stats_interval_ms > 0:
-            # Served from poll()/consume() on the loop's own thread.
-            conf["statistics.interval.ms"] = self.config.stats_interval_ms
-            conf["stats_cb"] = self._lag
-        return {**conf, **self.config.kafka}
+        return group_consumer_config(
+            self._connection,
+            self.config.name,
+            lag=self._lag,
+            stats_interval_ms=self.config.stats_interval_ms,
+            overrides=self.config.kafka,
+        )
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -558,21 +602,7 @@ class ConsumerLoop:
             self._dlq.flush()
 
     def _commit_offsets(self, msgs: Iterable[Message]) -> None:
-        highest: dict[tuple[str, int], int] = {}
-        for msg in msgs:
-            key = (msg.topic() or "", msg.partition() or 0)
-            highest[key] = max(highest.get(key, -1), msg.offset() or 0)
-        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if not isinstance(error, KafkaError) or error.code() not in _LOST_PARTITIONS:
-                raise
-            # The group moved our partitions to another member while this batch ran. The
-            # database transaction already committed; whoever owns the partitions now gets
-            # these records again and its claims absorb them. Keep consuming.
-            log.warning("offsets not committed (%s): partitions were reassigned; redelivery is deduped", error)
+        commit_offsets(self._consumer, msgs)
 
     def _backoff(self, attempt: int) -> float:
         return float(min(self.config.backoff_max, self.config.backoff_initial * 2 ** (attempt - 1)))

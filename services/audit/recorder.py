@@ -24,11 +24,12 @@ from confluent_kafka import Message
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from prometheus_client import Counter
 
+from flotilla.rawloop import AfterCommit
+from flotilla.rawrecords import first_header, headers_of, jsonable
 from flotilla.serde import AvroSerde, UndecodableRecordError
 from flotilla.workflow import Status
 from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
 from services.audit.timeline import event_time, next_status
-from services.dlq_reconciler.rawrecords import AfterCommit, first_header, headers_of, jsonable
 
 APPENDED = Counter("flotilla_audit_entries_total", "Records appended to the audit chain.", ["topic"])
 

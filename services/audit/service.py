@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from flotilla.rawloop import RawLoop
 from flotilla.runner import ServiceContext, ServiceSpec
 from services.audit import keys
 from services.audit.api import make_routes
 from services.audit.chain import Signer
 from services.audit.recorder import Recorder
 from services.audit.settings import AuditSettings, load_settings
-from services.dlq_reconciler.rawrecords import RawLoop
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 

@@ -35,6 +35,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
+from flotilla.rawrecords import b64, jsonable
 from flotilla.runner import ServiceContext
 from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError, UndecodableRecordError
 from flotilla.settings import KafkaTarget, kafka_connection
@@ -47,7 +48,6 @@ from services.dlq_reconciler.quarantine import (
     requeue_headers,
     with_identity,
 )
-from services.dlq_reconciler.rawrecords import b64, jsonable
 from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DlqSettings
 
 log = logging.getLogger(__name__)

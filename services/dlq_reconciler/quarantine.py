@@ -20,7 +20,7 @@ from confluent_kafka import Message
 
 from flotilla import deadletter
 from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
-from services.dlq_reconciler.rawrecords import clean_text, first_header, headers_of, is_uuid
+from flotilla.rawrecords import clean_text, first_header, headers_of, is_uuid
 
 DEAD_LETTER_QUARANTINED = "dev.flotilla.incidents.DeadLetterQuarantined"
 UNATTRIBUTED = "unattributed"

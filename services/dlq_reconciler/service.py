@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from flotilla.rawloop import RawLoop
 from flotilla.runner import ServiceContext, ServiceSpec
 from services.dlq_reconciler.api import make_routes
-from services.dlq_reconciler.rawrecords import RawLoop
 from services.dlq_reconciler.settings import DlqSettings, load_settings
 from services.dlq_reconciler.store import Reconciler
 

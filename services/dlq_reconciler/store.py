@@ -20,6 +20,8 @@ from prometheus_client import Counter
 from psycopg.types.json import Jsonb
 
 from flotilla import metrics
+from flotilla.rawloop import AfterCommit
+from flotilla.rawrecords import b64
 from flotilla.runner import ServiceContext
 from services.dlq_reconciler.quarantine import (
     DEAD_LETTER_QUARANTINED,
@@ -27,7 +29,6 @@ from services.dlq_reconciler.quarantine import (
     fact_envelope,
     quarantine_fact,
 )
-from services.dlq_reconciler.rawrecords import AfterCommit, b64
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from flotilla import metrics
 from flotilla.consumer import ConsumerLoop, LoopConfig
+from flotilla.rawloop import RawLoop
 from flotilla.settings import StackSettings
 
 
@@ -94,6 +95,23 @@ def test_statistics_can_be_turned_off_and_kafka_overrides_still_win() -> None:
     assert "stats_cb" not in _loop(stats_interval_ms=0).kafka_config()
     conf = _loop(kafka={"statistics.interval.ms": 1000, "fetch.wait.max.ms": 10}).kafka_config()
     assert conf["statistics.interval.ms"] == 1000 and conf["fetch.wait.max.ms"] == 10
+
+
+def _raw_loop(**options: Any) -> RawLoop:
+    # Nothing connects, and neither pool nor handler is used by the configuration.
+    unused: Any = None
+    return RawLoop(
+        group="raw-lag", topics=("incidents.dlq",), bootstrap="127.0.0.1:1", pool=unused, handle=unused, **options
+    )
+
+
+def test_the_raw_loop_reports_lag_like_the_consumer_loop() -> None:
+    loop = _raw_loop()
+    conf = loop.kafka_config()
+    assert conf["stats_cb"] is loop._lag and loop._lag.consumer == "raw-lag"
+    assert conf["statistics.interval.ms"] == 5000
+    assert conf["enable.auto.commit"] is False and conf["enable.auto.offset.store"] is False
+    assert "stats_cb" not in _raw_loop(stats_interval_ms=0).kafka_config()
 
 
 # ------------------------------------------------------------ approvals waiting

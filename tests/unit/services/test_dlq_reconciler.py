@@ -18,6 +18,7 @@ from fastavro import parse_schema
 from flotilla import deadletter
 from flotilla.contracts import load_contracts, subject_for
 from flotilla.envelope import Envelope
+from flotilla.rawrecords import jsonable
 from flotilla.serde import AvroSerde
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from flotilla.validation import RecordValidator
@@ -36,7 +37,6 @@ from services.dlq_reconciler.quarantine import (
     requeue_headers,
     with_identity,
 )
-from services.dlq_reconciler.rawrecords import jsonable
 
 
 class FakeRegistry:

@@ -1,41 +1,37 @@
-"""Raw Kafka records: a consumer loop that does not decode, and helpers to show them.
+"""A consumer loop over raw records: one transaction per poll batch, nothing decoded.
 
-The runtime's :class:`flotilla.consumer.ConsumerLoop` is built for business effects: it
-decodes every record, dead-letters what it cannot decode *before* any handler runs,
-and dedupes by event id. Two services need the records themselves instead:
+:class:`flotilla.consumer.ConsumerLoop` is built for business effects: it decodes every
+record, dead-letters what it cannot decode *before* any handler runs, and dedupes by
+event id. Two services need the records themselves instead:
 
 - the DLQ reconciler reads ``*.dlq``, whose values are by definition the ones that did
-  not decode or validate — the decoding loop would dead-letter them again (to a
-  ``*.dlq.dlq`` topic that does not exist);
+  not decode or validate: the decoding loop would dead-letter them again;
 - the audit log records every record as it sits on its topic, identified by
   (topic, partition, offset), including duplicates and re-queued copies that carry an
   event id already seen, which the loop's event-id dedupe would hide.
 
-:class:`RawLoop` keeps the loop's discipline — one database transaction per poll batch,
+:class:`RawLoop` keeps the loop's discipline (one database transaction per poll batch,
 Kafka offsets committed only after it commits, redelivery absorbed by the caller's own
-dedupe key — without decoding anything. It belongs in ``libs/flotilla`` (see the
-report that came with it); it lives here until the library grows it, and the audit
-service imports it from here.
+dedupe key) and reports ``flotilla_consumer_lag`` the same way.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message
 from psycopg_pool import ConnectionPool
 
-from flotilla.envelope import RawHeaders, header_pairs
+from flotilla import metrics
+from flotilla.consumer import commit_offsets, group_consumer_config
 from flotilla.settings import KafkaTarget, kafka_connection
+
+__all__ = ["AfterCommit", "BatchHandler", "RawLoop"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +63,7 @@ class RawLoop:
         poll_timeout: float = 0.2,
         backoff_max: float = 5.0,
         kafka: Mapping[str, str | int | bool] | None = None,
+        stats_interval_ms: int = 5000,
     ) -> None:
         self.group = group
         self.topics = tuple(topics)
@@ -76,18 +73,20 @@ class RawLoop:
         self._poll_timeout = poll_timeout
         self._backoff_max = backoff_max
         self._stopping = threading.Event()
-        self._consumer = Consumer(
-            {
-                **kafka_connection(bootstrap),
-                "group.id": group,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 50,
-                **(kafka or {}),
-            }
+        self._lag = metrics.ConsumerLag(group)
+        self._kafka = group_consumer_config(
+            kafka_connection(bootstrap),
+            group,
+            lag=self._lag,
+            stats_interval_ms=stats_interval_ms,
+            overrides=kafka or {},
         )
+        self._consumer = Consumer(self._kafka)
         self._subscribed = False
+
+    def kafka_config(self) -> dict[str, Any]:
+        """The consumer's librdkafka configuration (``kafka`` overrides won)."""
+        return dict(self._kafka)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -102,6 +101,7 @@ class RawLoop:
 
     def close(self) -> None:
         self._consumer.close()
+        self._lag.clear()
 
     def poll_once(self, stopping: threading.Event | None = None) -> int:
         """One poll batch, handled and committed; returns how many records it held."""
@@ -124,7 +124,7 @@ class RawLoop:
         after = self._commit_batch(records, stopping)
         if after is None:
             return 0  # asked to stop before the batch committed: redelivered after a restart
-        self._commit_offsets(records)
+        commit_offsets(self._consumer, records)
         if after is not None:
             after()
         return len(records)
@@ -156,79 +156,3 @@ class RawLoop:
                 if self._halted(stopping):
                     return None
                 time.sleep(min(self._backoff_max, 0.05 * 2 ** min(attempt, 10)))
-
-    def _commit_offsets(self, records: Iterable[Message]) -> None:
-        highest: dict[tuple[str, int], int] = {}
-        for msg in records:
-            key = (msg.topic() or "", msg.partition() or 0)
-            highest[key] = max(highest.get(key, -1), msg.offset() or 0)
-        self._consumer.commit(
-            offsets=[TopicPartition(t, p, o + 1) for (t, p), o in highest.items()], asynchronous=False
-        )
-
-
-# ------------------------------------------------------------------ rendering
-
-
-def headers_of(raw: RawHeaders) -> list[tuple[str, bytes | None]]:
-    """A record's headers as an ordered list of (name, bytes-or-None)."""
-    return list(header_pairs(raw))
-
-
-def first_header(headers: Iterable[tuple[str, bytes | None]], name: str) -> str | None:
-    """The first value of header ``name`` as text (Kafka headers may repeat)."""
-    for key, value in headers:
-        if key == name:
-            return None if value is None else clean_text(value)
-    return None
-
-
-def clean_text(value: bytes) -> str:
-    """Bytes as text PostgreSQL will store: undecodable bytes and NULs replaced."""
-    return value.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
-
-
-def is_uuid(text: str | None) -> bool:
-    if not text:
-        return False
-    try:
-        return str(uuid.UUID(text)) == text.lower()
-    except ValueError:
-        return False
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def epoch_millis(at: datetime) -> int:
-    """Milliseconds since the epoch, in integers (floats would round 123 ms to 122)."""
-    aware = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-    return (aware - _EPOCH) // timedelta(milliseconds=1)
-
-
-def b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode("ascii")
-
-
-def jsonable(value: Any) -> Any:
-    """A decoded Avro value as JSON-ready data that round-trips through the serde.
-
-    Timestamps become epoch milliseconds and UUIDs text — what Avro's ``long``
-    (timestamp-millis) and ``string`` (uuid) accept back — so a value shown by an API can
-    be edited and sent back as a sanitized replacement unchanged in form.
-    """
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return epoch_millis(value)
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        return b64(bytes(value))
-    if isinstance(value, Decimal):
-        return str(value)
-    return value
