@@ -113,6 +113,11 @@ class FleetApi:
         return body
 
     # policy service: approvals -------------------------------------------------
+    def whoami(self, token: str) -> dict[str, Any]:
+        """The person and roles the policy service maps ``token`` to (401 when none)."""
+        found: dict[str, Any] = self._call("GET", self.endpoints.policy_url, "/me", token=token)
+        return found
+
     def approvals(self, token: str, status: str = "pending") -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = self._call(
             "GET", self.endpoints.policy_url, "/approvals", token=token, params={"status": status}

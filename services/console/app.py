@@ -215,7 +215,7 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
         if not token:
             return page(request, "login.html", status_code=400, next=target, error="Enter a bearer token.")
         try:
-            api.approvals(token, status="pending")
+            me = api.whoami(token)
         except FleetApiError as exc:
             count_upstream(exc)
             if exc.status == 401:
@@ -227,8 +227,11 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             status = 401 if exc.status == 401 else views.problem(exc, endpoints).http_status
             return page(request, "login.html", status_code=status, next=target, error=error)
         LOGINS.labels("ok").inc()
-        session = Session.fresh(lifetime_s, token=token)  # a new session: new CSRF token
-        session.flash("ok", "Signed in.")
+        # A new session: new CSRF token. Name and roles are for display; the policy
+        # service checks the token on every call.
+        user, roles = str(me.get("user", "?")), tuple(str(r) for r in me.get("roles", []))
+        session = Session.fresh(lifetime_s, token=token, user=user, roles=roles)
+        session.flash("ok", f"Signed in as {user}.")
         request.state.session = session
         return RedirectResponse(target, status_code=303)
 

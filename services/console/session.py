@@ -44,11 +44,22 @@ class Session:
     expires: float
     token: str | None = None
     flashes: list[tuple[str, str]] = field(default_factory=list)  # (level, message)
+    user: str | None = None  # who the policy service said the token belongs to, at login
+    roles: tuple[str, ...] = ()
     modified: bool = False
 
     @classmethod
-    def fresh(cls, lifetime_s: float, token: str | None = None) -> Session:
-        return cls(csrf=secrets.token_urlsafe(32), expires=time.time() + lifetime_s, token=token, modified=True)
+    def fresh(
+        cls, lifetime_s: float, token: str | None = None, user: str | None = None, roles: tuple[str, ...] = ()
+    ) -> Session:
+        return cls(
+            csrf=secrets.token_urlsafe(32),
+            expires=time.time() + lifetime_s,
+            token=token,
+            user=user,
+            roles=roles,
+            modified=True,
+        )
 
     @property
     def logged_in(self) -> bool:
@@ -60,6 +71,17 @@ class Session:
         if self.token is None:
             return "-"
         return hashlib.sha256(self.token.encode()).hexdigest()[:8]
+
+    @property
+    def who(self) -> str:
+        """The signed-in person as shown in the header: name and roles, else the key's fingerprint."""
+        if self.user is None:
+            return f"key {self.key_id}"
+        return f"{self.user} ({', '.join(self.roles) or 'no roles'})"
+
+    def holds(self, role: str) -> bool:
+        """Whether the person held ``role`` at login (the policy service decides; this only warns)."""
+        return role in self.roles
 
     def flash(self, level: str, message: str) -> None:
         self.flashes.append((level, message))
@@ -75,7 +97,14 @@ class Session:
         return bool(presented) and hmac.compare_digest(self.csrf.encode(), (presented or "").encode())
 
     def payload(self) -> dict[str, Any]:
-        return {"csrf": self.csrf, "exp": self.expires, "tok": self.token, "fl": [list(f) for f in self.flashes]}
+        return {
+            "csrf": self.csrf,
+            "exp": self.expires,
+            "tok": self.token,
+            "usr": self.user,
+            "rl": list(self.roles),
+            "fl": [list(f) for f in self.flashes],
+        }
 
 
 def _fernet_key(secret: bytes) -> bytes:
@@ -110,6 +139,8 @@ class SessionCodec:
                 expires=float(data["exp"]),
                 token=None if data.get("tok") is None else str(data["tok"]),
                 flashes=[(str(level), str(text)) for level, text in data.get("fl", [])],
+                user=None if data.get("usr") is None else str(data["usr"]),
+                roles=tuple(str(role) for role in data.get("rl", [])),
             )
         except (InvalidToken, ValueError, KeyError, TypeError):  # ValueError: bad JSON, non-ASCII too
             return None

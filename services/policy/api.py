@@ -97,6 +97,11 @@ def install_routes(app: FastAPI, svc: ServiceContext, runtime: PolicyRuntime) ->
 
     Caller = Annotated[Person, Depends(person)]
 
+    @app.get("/me")
+    def who_am_i(caller: Caller) -> dict[str, Any]:
+        """Who the token belongs to, so a console or CLI can say whose hands it is in."""
+        return {"user": caller.name, "roles": sorted(caller.roles)}
+
     @app.get("/approvals")
     def list_approvals(caller: Caller, status: Annotated[str, Query()] = "pending") -> list[dict[str, Any]]:
         wanted: ProposalStatus | None = None

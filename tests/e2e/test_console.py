@@ -73,7 +73,7 @@ def signed_in(browser: object, token: str) -> object:
     expect(page).to_have_url(re.compile(r"/login\?next="))
     page.fill("#token", token)
     page.click("button[type=submit]")
-    expect(page.locator(".flash.ok")).to_contain_text("Signed in.")
+    expect(page.locator(".flash.ok")).to_contain_text("Signed in as ")
     return page
 
 
@@ -97,6 +97,8 @@ def test_a_viewer_is_refused_and_an_approver_approves_and_sees_the_outcome(
 ) -> None:
     bob = signed_in(browser, VIEWER)
     alice = signed_in(browser, APPROVER)
+    expect(bob.locator("#who")).to_have_text("signed in as bob (viewer)")  # type: ignore[attr-defined]
+    expect(alice.locator("#who")).to_have_text("signed in as alice (approver)")  # type: ignore[attr-defined]
 
     incident, request = awaiting_approval(fleet, watch)
     proposal, digest = str(request.value["proposalId"]), str(request.value["digest"])
@@ -109,6 +111,7 @@ def test_a_viewer_is_refused_and_an_approver_approves_and_sees_the_outcome(
 
     # the viewer sees the proposal and is refused
     bob.goto(f"{CONSOLE_URL}/approvals/{proposal}")  # type: ignore[attr-defined]
+    expect(bob.locator("#role-warning")).to_contain_text("do not hold the approver role")  # type: ignore[attr-defined]
     bob.click("#approve")  # type: ignore[attr-defined]
     refusal = bob.locator(".flash.error")  # type: ignore[attr-defined]
     expect(refusal).to_contain_text("Refused (403)")
@@ -124,6 +127,7 @@ def test_a_viewer_is_refused_and_an_approver_approves_and_sees_the_outcome(
     row.locator("a.button").click()
     expect(alice.locator("#shown-digest")).to_have_text(digest)  # type: ignore[attr-defined]
     expect(alice.locator(".decision")).to_contain_text("matches the steps shown")  # type: ignore[attr-defined]
+    expect(alice.locator("#role-warning")).to_have_count(0)  # type: ignore[attr-defined]
     expect(alice.locator(".diagnosis").first).to_be_visible()  # type: ignore[attr-defined]
     expect(alice.locator("table.evidence").first).to_be_visible()  # type: ignore[attr-defined]
     shot(alice, "approval")

@@ -2,7 +2,7 @@
 
 Commands (``flotilla --help``, ``flotilla <command> --help``): ``publish`` (the CLI
 producer), ``tail``, ``types``, ``incidents list|show``, ``approvals list|show``,
-``approve``, ``reject``, ``dlq list|show|requeue``, ``audit verify``, ``stack
+``whoami``, ``approve``, ``reject``, ``dlq list|show|requeue``, ``audit verify``, ``stack
 up|down|status``, ``fleet up|down|restart|status``, ``demo``. Shell completion:
 ``flotilla --install-completion``.
 
@@ -61,6 +61,7 @@ app.command("tail")(tail)
 app.command("types")(types)
 app.add_typer(incidents.app, name="incidents")
 app.add_typer(approvals.app, name="approvals")
+app.command("whoami")(approvals.whoami)
 app.command("approve")(approvals.approve)
 app.command("reject")(approvals.reject)
 app.add_typer(dlq.app, name="dlq")

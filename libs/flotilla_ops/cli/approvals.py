@@ -57,6 +57,15 @@ def render_proposal(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def whoami(ctx: typer.Context, token: Token = None, as_json: JsonFlag = False) -> None:
+    """Who the policy service takes the token for, and the roles it holds (check before approving)."""
+    out = Output.of(ctx, as_json)
+    bearer = need_token(out, token)
+    with runtime(ctx).api() as api, api_errors(out, "asking who the token belongs to"):
+        me = api.whoami(bearer)
+    out.emit(me, lambda d: f"{d.get('user')} ({', '.join(d.get('roles') or []) or 'no roles'})")
+
+
 @app.command("list")
 def list_approvals(
     ctx: typer.Context,

@@ -388,6 +388,13 @@ def test_a_viewer_and_a_stranger_are_refused(svc: ServiceContext, runtime: Polic
     assert status_of(svc, value["proposalId"])[0] == "pending"
 
 
+def test_a_token_says_whose_it_is(client: TestClient) -> None:
+    assert client.get("/me", headers=auth("alice-token")).json() == {"user": "alice", "roles": ["approver"]}
+    assert client.get("/me", headers=auth("bob-token")).json() == {"user": "bob", "roles": ["viewer"]}
+    assert client.get("/me", headers=auth("made-up")).status_code == 401
+    assert client.get("/me").status_code == 401
+
+
 def test_unknown_and_malformed_requests(svc: ServiceContext, client: TestClient) -> None:
     unknown = str(uuid.uuid4())
     answer = client.post(f"/approvals/{unknown}/approve", json={"digest": "sha256:x"}, headers=auth("alice-token"))

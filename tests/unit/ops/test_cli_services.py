@@ -186,6 +186,18 @@ def test_approval_refusals_and_guards(cli: CliRunner, http_runtime: Runtime, ser
     assert services.posted(APPROVE) == []
 
 
+def test_whoami_names_the_person_and_roles(cli: CliRunner, http_runtime: Runtime, services: Services) -> None:
+    services.on("GET", "/me", 200, {"user": "alice", "roles": ["approver"]})
+    result = invoke(cli, http_runtime, "whoami", "--token", "alice-token")
+    assert result.exit_code == 0 and result.stdout.strip() == "alice (approver)"
+    assert services.requests[-1].headers["authorization"] == "Bearer alice-token"
+    assert json.loads(invoke(cli, http_runtime, "--json", "whoami", "--token", "t").stdout)["user"] == "alice"
+    services.on("GET", "/me", 401, {"detail": "a valid bearer token is required"})
+    refused = invoke(cli, http_runtime, "whoami", "--token", "made-up")
+    assert refused.exit_code == 1 and "a valid bearer token is required" in refused.stderr
+    assert invoke(cli, http_runtime, "whoami").exit_code == 2  # no token: nothing sent
+
+
 def test_approvals_list(cli: CliRunner, http_runtime: Runtime, services: Services) -> None:
     services.on("GET", "/approvals", 200, [proposal()])
     result = invoke(cli, http_runtime, "approvals", "list", "--token", "bob-token", "--status", "all")

@@ -187,6 +187,9 @@ class StandIns:
     def _policy(self, request: httpx.Request, path: str, token: str | None) -> httpx.Response:
         if token not in USERS or token in self.revoked:
             return httpx.Response(401, json={"detail": "a valid bearer token is required"})
+        if path == "/me" and request.method == "GET":
+            user, role = USERS[token]
+            return httpx.Response(200, json={"user": user, "roles": [role]})
         if path == "/approvals" and request.method == "GET":
             status = request.url.params.get("status", "pending")
             return httpx.Response(200, json=[self.proposal] if status in ("all", self.proposal["status"]) else [])
@@ -430,16 +433,19 @@ def _altered(cookie: str, at: int) -> str:
 
 def test_session_cookie_round_trips() -> None:
     codec = SessionCodec(SECRET.encode())
-    session = Session.fresh(60, token="alice-token")
+    session = Session.fresh(60, token="alice-token", user="alice", roles=("approver",))
     session.flash("ok", "Signed in.")
     loaded = codec.loads(codec.dumps(session))
     assert loaded is not None
-    assert (loaded.token, loaded.csrf, loaded.expires, loaded.flashes) == (
+    assert (loaded.token, loaded.csrf, loaded.expires, loaded.flashes, loaded.user, loaded.roles) == (
         "alice-token",
         session.csrf,
         session.expires,
         [("ok", "Signed in.")],
+        "alice",
+        ("approver",),
     )
+    assert loaded.who == "alice (approver)" and loaded.holds("approver") and not loaded.holds("operator")
     anonymous = codec.loads(codec.dumps(Session.fresh(60)))
     assert anonymous is not None and not anonymous.logged_in
     assert codec.loads("garbage") is None
@@ -505,7 +511,7 @@ def test_login_sets_an_encrypted_httponly_strict_cookie_and_logout_ends_it(clien
     assert cookie and not _token_leaks(cookie, "alice-token")
     page = client.get("/approvals")
     assert page.status_code == 200
-    assert "signed in" in page.text and "Signed in." in page.text
+    assert "signed in as alice (approver)" in page.text and "Signed in as alice." in page.text
     # the login response's cookie attributes
     client.cookies.clear()
     form = client.get("/login")
@@ -635,6 +641,20 @@ def _decide_and_read(client: TestClient, digest: str = DIGEST) -> str:
     answer = client.post(f"/approvals/{PROPOSAL}/approve", data={"csrf": csrf_of(page.text), "digest": digest})
     assert answer.status_code == 303 and answer.headers["location"] == f"/approvals/{PROPOSAL}"
     return text_of(client.get(answer.headers["location"]).text)
+
+
+def test_a_viewer_is_warned_before_deciding(client: TestClient) -> None:
+    login(client, "bob-token")
+    page = text_of(client.get(f"/approvals/{PROPOSAL}").text)
+    assert "You (bob (viewer)) do not hold the approver role" in page
+    login(client)
+    assert "do not hold" not in client.get(f"/approvals/{PROPOSAL}").text
+
+
+def test_the_proposer_is_warned_before_deciding(client: TestClient, services: StandIns) -> None:
+    services.proposal["proposedBy"] = "alice"
+    login(client)
+    assert "You (alice) proposed this plan" in text_of(client.get(f"/approvals/{PROPOSAL}").text)
 
 
 def test_a_viewer_is_refused_with_a_clear_message(client: TestClient, services: StandIns) -> None:
