@@ -32,7 +32,7 @@ from flotilla.serde import AvroSerde, SerdeError, registry_client
 from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import tail_consumer
 from services.fleet import HEALTH, SIM, url
-from services.health_agent.scrape import breach_closed
+from services.health_agent.scrape import settled
 
 CHAIN = [
     "ServiceLatencyIncreased",
@@ -66,7 +66,7 @@ def wait_healthy(settings: StackSettings, service: str, timeout: float = 60) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with psycopg.connect(settings.pg_dsn(HEALTH.database)) as conn:
-            if breach_closed(conn, service):
+            if settled(conn, service):
                 return
         time.sleep(0.2)
     raise SystemExit(f"{service} did not return to healthy within {timeout:.0f}s")

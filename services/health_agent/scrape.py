@@ -60,11 +60,17 @@ VERIFICATIONS = Counter(
 SCRAPE_FAILURES = Counter("flotilla_health_scrape_failures_total", "Scrapes of the metrics source that failed.")
 
 
-def breach_closed(conn: psycopg.Connection[Any], service: str) -> bool:
-    """Whether ``service`` is healthy with no incident open (or was never scraped): the
-    next fault then opens a new incident instead of continuing the last one."""
+def settled(conn: psycopg.Connection[Any], service: str) -> bool:
+    """Whether ``service`` is healthy with no incident open and no recovery being verified
+    (or was never scraped): a fault injected now starts a new, independent incident,
+    and cannot fail the verification window of the last one."""
     row = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)).fetchone()
-    return row is None or (str(row[0]).lower() == Phase.HEALTHY and row[1] is None)
+    if row is not None and (str(row[0]).lower() != Phase.HEALTHY or row[1] is not None):
+        return False
+    verifying = conn.execute(
+        "SELECT 1 FROM verifications WHERE service = %s AND outcome IS NULL LIMIT 1", (service,)
+    ).fetchone()
+    return verifying is None
 
 
 class Scraper:

@@ -81,11 +81,17 @@ class SimState:
 
     def services(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [self._model.describe(name) for name in self._model.names]
+            return [self._describe(name) for name in self._model.names]
 
     def service(self, name: str) -> dict[str, Any]:
         with self._lock:
-            return self._model.describe(self._model.resolve(name))
+            return self._describe(self._model.resolve(name))
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        """The service as the model describes it, plus the newest fencing token admitted
+        for it (None before any action): which holder the target listens to now. Call
+        with the lock held."""
+        return {**self._model.describe(name), "newestFencingToken": self._newest.get(name)}
 
     def read(self, reader: Callable[[SimModel], Any]) -> Any:
         """Run ``reader`` on the model under the lock (a consistent snapshot)."""

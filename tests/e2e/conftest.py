@@ -32,8 +32,9 @@ E2E_SETTINGS = {
     "FLOTILLA_APPROVAL_SWEEP_SECONDS": "0.5",
     # every diagnosis goes through a durable slow job (so one test can restart the agent mid-job)
     "FLOTILLA_DIAGNOSTIC_JOB_SECONDS": "2",
-    # long enough to restart every service while an approval waits, short enough to test expiry
-    "FLOTILLA_APPROVAL_TTL_SECONDS": "45",
+    # long enough to restart every service while an approval waits (15-17 s idle, ~4x
+    # headroom for a loaded machine), short enough to test expiry
+    "FLOTILLA_APPROVAL_TTL_SECONDS": "75",
     "FLOTILLA_POLICY_USERS": json.dumps(
         {
             "alice-token": {"user": "alice", "roles": ["approver"]},

@@ -143,23 +143,39 @@ class Fleet:
     def audit_verify(self) -> Any:
         return self.call(AUDIT, "GET", "/verify")
 
+    def audit_timeline(
+        self, incident: str, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """The incident's timeline from audit once ``until`` holds for it (audit consumes
+        on its own pace); the last one read when ``timeout`` runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                entries: list[dict[str, Any]] = self.call(AUDIT, "GET", f"/incidents/{incident}/timeline")["timeline"]
+            except HttpError:  # 404 until audit has recorded the incident
+                entries = []
+            if until(entries) or time.monotonic() > deadline:
+                return entries
+            time.sleep(0.2)
+
     def dlq(self, method: str, path: str, body: object | None = None, token: str | None = None) -> Any:
         return self.call(DLQ_RECONCILER, method, path, body, token)
 
     def wait_until_healthy(self, service: str, timeout: float = 30) -> None:
-        """Until the health agent has seen the service healthy again and closed its breach
-        (so the next fault opens a new incident rather than continuing the last one)."""
+        """Until the health agent has seen the service healthy again, closed its breach and
+        decided any verification window (so the next fault opens a new incident rather
+        than continuing the last one or failing its verification)."""
         import psycopg
 
-        from services.health_agent.scrape import breach_closed
+        from services.health_agent.scrape import settled
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with psycopg.connect(self.stack.pg_dsn(HEALTH.database)) as conn:
-                if breach_closed(conn, service):
+                if settled(conn, service):
                     return
             time.sleep(0.2)
-        raise AssertionError(f"{service} still breaching (or its incident still open) after {timeout:.0f}s")
+        raise AssertionError(f"{service} still breaching, or its incident or verification open, after {timeout:.0f}s")
 
     def executor_pending(self, idempotency_key: str) -> bool:
         """Whether the executor has marked the key PENDING (it is about to act or acting)."""

@@ -118,7 +118,10 @@ def test_a_viewer_is_refused_and_an_approver_approves_and_sees_the_outcome(
     expect(refusal).to_contain_text(re.compile(r"The policy service said: bob .*approv"))
     shot(bob, "refused")
 
-    # the approver: the pending list, then the proposal in full context
+    # the approver: the pending list, then the proposal in full context (its evidence is
+    # read from the audit timeline when the page renders: wait until audit has it)
+    diagnosed = fleet.audit_timeline(incident, lambda entries: any("Suspected" in e["type"] for e in entries))
+    assert any("Suspected" in e["type"] for e in diagnosed), [e["type"] for e in diagnosed]
     alice.goto(f"{CONSOLE_URL}/approvals")  # type: ignore[attr-defined]
     row = alice.locator(f'tr[data-proposal="{proposal}"]')  # type: ignore[attr-defined]
     expect(row).to_be_visible()

@@ -118,7 +118,16 @@ def test_an_executor_paused_past_its_lease_is_fenced_out(fleet: Fleet, watch: Wa
         first_holder, first_epoch = held
         paused = executors[first_holder]
         os.kill(paused.pid, signal.SIGSTOP)
-        fleet.sim("PUT", "/settings", {"actionSeconds": 0.1})  # the other executor's action is quick
+        # The key is PENDING before the call is sent: wait until the sim admitted the frozen
+        # call (it is then asleep for 25 s) before making the other executor's action quick,
+        # so the frozen call cannot read the short time. Not admitted within 3 s: it was
+        # never sent, and is refused as stale when the process resumes.
+        admitted = time.monotonic() + 3
+        while time.monotonic() < admitted:
+            if fleet.sim("GET", f"/services/{resource}")["newestFencingToken"] == first_epoch:
+                break
+            time.sleep(0.05)
+        fleet.sim("PUT", "/settings", {"actionSeconds": 0.1})
 
         executed = watch.kind("RecoveryExecuted", incident, timeout=90)
         taken = lease_on(fleet, resource)

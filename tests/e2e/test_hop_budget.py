@@ -18,7 +18,6 @@ from flotilla.bootstrap import drop_outbox
 from flotilla.contracts import load_contracts
 from flotilla.envelope import Envelope
 from flotilla.testing.samples import sample_value
-from services.fleet import AUDIT
 
 from . import misconfigured
 from .conftest import REPO_ROOT
@@ -88,15 +87,7 @@ def test_a_ping_pong_loop_in_the_fleet_is_cut_by_the_hop_budget(
     assert report.value["consumer"] == "misconfigured-escalator"  # the only one that handles BudgetExceeded
     assert report.value["droppedType"] == misconfigured.BUDGET_EXCEEDED and report.value["hops"] == 0
     # the audit log has the whole loop and its report
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            timeline = fleet.call(AUDIT, "GET", f"/incidents/{incident}/timeline")["timeline"]
-        except Exception:
-            timeline = []
-        if len(timeline) >= HOPS + 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    timeline = fleet.audit_timeline(incident, lambda entries: len(entries) >= HOPS + 2)
     assert len(timeline) == HOPS + 2, [e.get("type") for e in timeline]
     print(
         f"\nping-pong in the fleet, ce_hops={HOPS}: {len(bounced)} records bounced + the first, "

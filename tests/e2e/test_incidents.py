@@ -99,7 +99,7 @@ def test_approval_with_a_wrong_digest_is_refused(fleet: Fleet, watch: Watch) -> 
 
 def test_approval_after_the_deadline_is_refused_and_escalates(fleet: Fleet, watch: Watch) -> None:
     incident, request = awaiting_approval(fleet, watch)
-    expired = watch.kind("ApprovalExpired", incident, timeout=60)
+    expired = watch.kind("ApprovalExpired", incident, timeout=120)  # the TTL is 75 s
     assert expired.value["proposalId"] == request.value["proposalId"]
     watch.kind("IncidentEscalated", incident)
     with pytest.raises(HttpError) as late:

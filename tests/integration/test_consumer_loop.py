@@ -312,7 +312,8 @@ def test_sigterm_mid_batch_loses_and_duplicates_nothing(
     group = f"g-{topic}"
     cmd = [sys.executable, "-m", "tests.integration.loop_worker", "--topic", topic, "--database", database]
     worker = subprocess.Popen(
-        [*cmd, "--group", group, "--batch-size", "20", "--handler-sleep", "0.05"],
+        # 0.2 s a record: 12 s of work, so SIGTERM lands mid-run even if this test stalls
+        [*cmd, "--group", group, "--batch-size", "20", "--handler-sleep", "0.2"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -322,7 +323,7 @@ def test_sigterm_mid_batch_loses_and_duplicates_nothing(
         while not set(ids) & set(effects(stack)):
             assert time.monotonic() < deadline, "worker handled nothing"
             time.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)  # mid-batch: the first batch takes ~1 s
+        worker.send_signal(signal.SIGTERM)  # mid-batch: the first batch takes ~4 s
         assert worker.wait(60) == 0
     finally:
         worker.kill()

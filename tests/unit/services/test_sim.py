@@ -310,6 +310,7 @@ def test_services_listing_has_the_contract_fields() -> None:
         "p95Ms",
         "thresholdMs",
         "faults",
+        "newestFencingToken",
     }
     assert all(set(s) == fields for s in listing)
     one = client.get("/services/checkout-api")
@@ -531,7 +532,8 @@ def test_reset_restores_everything() -> None:
     client.post("/actions/scale", json=_action(token=7))
     assert client.post("/reset").status_code == 200
     assert client.get("/faults").json() == []
-    assert client.get("/services").json() == [SimModel.default().describe(n) for n in SimModel.default().names]
+    initial = [{**SimModel.default().describe(n), "newestFencingToken": None} for n in SimModel.default().names]
+    assert client.get("/services").json() == initial  # the fencing ledger is reset too
     assert client.get("/actions/incident-204:scale:12").status_code == 404
     assert client.post("/actions/scale", json=_action(token=1)).json()["replayed"] is False
 
@@ -615,6 +617,7 @@ def test_many_holders_at_once_end_with_the_newest() -> None:
     assert _replicas(client) == 16
     assert _state(client).applied == statuses.count(200)
     assert _state(client).newest_token(CHECKOUT) == 16
+    assert client.get(f"/services/{CHECKOUT}").json()["newestFencingToken"] == 16
 
 
 def test_action_time_can_be_changed_at_run_time() -> None:
