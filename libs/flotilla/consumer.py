@@ -186,6 +186,30 @@ def group_consumer_config(
     return {**conf, **overrides}
 
 
+def poll_batch(consumer: Consumer, *, poll_timeout: float, batch_size: int, linger: float, name: str) -> list[Message]:
+    """Up to ``batch_size`` records: wait ``poll_timeout`` for the first, then at most
+    ``linger`` for the rest. Errors are logged and left out (end of partition silently).
+
+    consume() waits until a batch is *full* or its timeout passes, so a long timeout
+    there would be added to every hop when traffic is light: the wait is for the first
+    record only.
+    """
+    first = consumer.poll(poll_timeout)
+    if first is None:
+        return []
+    msgs = [first]
+    if batch_size > 1:
+        msgs += consumer.consume(num_messages=batch_size - 1, timeout=linger)
+    records = []
+    for msg in msgs:
+        err = msg.error()
+        if err is None:
+            records.append(msg)
+        elif err.code() != KafkaError._PARTITION_EOF:
+            log.warning("%s: consumer error: %s", name, err)
+    return records
+
+
 def commit_offsets(consumer: Consumer, msgs: Iterable[Message]) -> None:
     """Commit past ``msgs`` (their batch's transaction has committed), synchronously.
 
@@ -275,22 +299,13 @@ class ConsumerLoop:
         if not self._subscribed:
             self._consumer.subscribe(list(self.config.topics))
             self._subscribed = True
-        # Wait for the first record; then linger briefly for the rest of a batch. (consume()
-        # waits until a batch is *full* or its timeout passes, so a long timeout there would
-        # be added to every hop when traffic is light.)
-        first = self._consumer.poll(self.config.poll_timeout)
-        if first is None:
-            return 0
-        msgs = [first]
-        if self.config.batch_size > 1:
-            msgs += self._consumer.consume(num_messages=self.config.batch_size - 1, timeout=self.config.batch_linger)
-        records = []
-        for msg in msgs:
-            err = msg.error()
-            if err is None:
-                records.append(msg)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", err)
+        records = poll_batch(
+            self._consumer,
+            poll_timeout=self.config.poll_timeout,
+            batch_size=self.config.batch_size,
+            linger=self.config.batch_linger,
+            name=self.config.name,
+        )
         if records:
             self.process(records)
         return len(records)

@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, Message
 from psycopg_pool import ConnectionPool
 
 from flotilla import metrics
-from flotilla.consumer import commit_offsets, group_consumer_config
+from flotilla.consumer import commit_offsets, group_consumer_config, poll_batch
 from flotilla.settings import KafkaTarget, kafka_connection
 
 __all__ = ["AfterCommit", "BatchHandler", "RawLoop"]
@@ -108,25 +108,17 @@ class RawLoop:
         if not self._subscribed:
             self._consumer.subscribe(list(self.topics))
             self._subscribed = True
-        # Wait for one record, then take what is already fetched: consume() with a timeout
-        # would wait for a full batch.
-        first = self._consumer.poll(self._poll_timeout)
-        msgs = [] if first is None else [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
-        records = []
-        for msg in msgs:
-            err = msg.error()
-            if err is None:
-                records.append(msg)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("%s: consumer error: %s", self.group, err)
+        # Take what is already fetched after the first record, without lingering.
+        records = poll_batch(
+            self._consumer, poll_timeout=self._poll_timeout, batch_size=self._batch_size, linger=0, name=self.group
+        )
         if not records:
             return 0
         after = self._commit_batch(records, stopping)
         if after is None:
             return 0  # asked to stop before the batch committed: redelivered after a restart
         commit_offsets(self._consumer, records)
-        if after is not None:
-            after()
+        after()
         return len(records)
 
     def _halted(self, stopping: threading.Event | None) -> bool:

@@ -68,9 +68,14 @@ def test_the_consumer_loop_connects_with_the_security_settings() -> None:
         kafka_sasl_username="u",
         kafka_sasl_password="p",
     )
-    loop = ConsumerLoop.__new__(ConsumerLoop)  # the configuration only; no broker is contacted
-    loop.config = LoopConfig(name="g", topics=("incidents",), source="/t", stats_interval_ms=0)
-    loop._connection = secured.kafka_client()
+    # librdkafka clients connect lazily: building the loop contacts no broker
+    loop = ConsumerLoop(
+        LoopConfig(name="g", topics=("incidents",), source="/t", stats_interval_ms=0),
+        secured,
+        serde=None,  # type: ignore[arg-type]
+        pool=None,  # type: ignore[arg-type]
+        handlers={},
+    )
     conf = loop.kafka_config()
     assert conf["security.protocol"] == "sasl_plaintext" and conf["sasl.username"] == "u"
     assert conf["group.id"] == "g"
