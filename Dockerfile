@@ -26,11 +26,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/flotilla
 WORKDIR /src
 
-# The dependencies pinned in pyproject.toml ([project].dependencies), without the dev extras.
-COPY pyproject.toml README.md ./
+# The dependencies pinned in pyproject.toml ([project].dependencies), without the dev
+# extras, each transitive one at the version the tests ran with (constraints.txt).
+COPY pyproject.toml README.md constraints.txt ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
-    && /opt/flotilla/bin/pip install --requirement /tmp/requirements.txt
+    && /opt/flotilla/bin/pip install --requirement /tmp/requirements.txt --constraint constraints.txt
 
 # The project: flotilla (libs/flotilla), the operator tools (libs/flotilla_ops) and the
 # services, with their package data (each service's migrations.sql).

@@ -9,19 +9,26 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration browser lint format bench-outbox clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration browser lint format bench-outbox clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON_BOOT) >/dev/null || { echo "error: $(PYTHON_BOOT) not found; Flotilla needs Python 3.11" >&2; exit 2; }
 	$(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install Flotilla with its pinned dependencies
+
+lock: ## Re-resolve pyproject.toml's pins in a scratch venv and write constraints.txt
+	rm -rf .lock-venv && $(PYTHON_BOOT) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install -q --upgrade pip
+	.lock-venv/bin/python -m pip install -q ".[dev]"
+	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude flotilla; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 demo: fleet-up ## Main job: a full local incident, from a slow service to a verified recovery, live
 	$(PY) infra/local/demo.py
