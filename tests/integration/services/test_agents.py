@@ -270,6 +270,20 @@ def outbox(ctx: ServiceContext, incident: str) -> list[tuple[str, dict[str, Any]
     ]
 
 
+def what_the_loop_did(ctx: ServiceContext, incident: str, event_ids: list[str]) -> str:
+    """For a failure message: the dedupe claims, stale transitions and workflow state the
+    loop left for ``incident`` (a record skipped quietly shows up here, not in the logs)."""
+    with ctx.pool.connection() as conn:
+        claims = conn.execute(
+            'SELECT consumer, event_id, record_type, outcome, topic, "offset", processed_at FROM processed_events '
+            "WHERE event_id = ANY(%s)",
+            (event_ids,),
+        ).fetchall()
+        stale = conn.execute("SELECT * FROM stale_transitions WHERE incident_id = %s", (incident,)).fetchall()
+        state = conn.execute("SELECT * FROM incident_workflow WHERE incident_id = %s", (incident,)).fetchall()
+    return f"claims {claims}; stale transitions {stale}; workflow {state}"
+
+
 def scalar(ctx: ServiceContext, sql: str, *params: Any) -> Any:
     with ctx.pool.connection() as conn:
         row = conn.execute(sql, params).fetchone()
@@ -296,7 +310,9 @@ def test_diagnosis_requested_becomes_dependency_failure_suspected(
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 2)
 
-    [(record_type, value, headers)] = outbox(ctx, incident)
+    written = outbox(ctx, incident)
+    assert len(written) == 1, what_the_loop_did(ctx, incident, [env.id for _, env in records])
+    [(record_type, value, headers)] = written
     request_env = records[1][1]
     assert record_type == DEPENDENCY_FAILURE_SUSPECTED
     assert value["suspectedDependency"] == "payments-api"
