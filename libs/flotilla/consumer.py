@@ -80,9 +80,11 @@ class LoopConfig:
     source: str  # ce_source of the records this service emits, e.g. /flotilla/health-agent
     batch_size: int = 200
     poll_timeout: float = 0.2
-    # After the first record of a batch, how long to wait for more: a little lingering
-    # fills batches under load; more would add to every hop when traffic is light.
-    batch_linger: float = 0.005
+    # After the first record of a batch, how long to wait for more. None by default: under
+    # load records pile up in librdkafka's queue while a batch runs and the next batch takes
+    # them all, so lingering only delays the first record after a quiet spell (measured:
+    # 5 ms of linger cost ~4 ms per hop, p50 171 -> 155 ms end to end without it).
+    batch_linger: float = 0.0
     batch_transactions: bool = True  # False: one transaction (and offset commit) per record
     # Pipeline mode saves round trips, but a pipelined session never looks idle to the
     # server, so idle_in_transaction_session_timeout cannot end a transaction whose process
