@@ -19,6 +19,7 @@ from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
+from flotilla.testing.producing import ordered_producer
 from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -215,9 +216,7 @@ class Fleet:
 
 def produce(fleet: Fleet, topic: str, key: str, record_type: str, value: dict[str, Any], envelope: Envelope) -> None:
     """Publish a record as a (test) producer would: valid against its registered schema."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": fleet.stack.kafka_bootstrap})
+    producer = ordered_producer(fleet.stack.kafka_bootstrap)
     producer.produce(topic, key=key, value=fleet.serde.serialize(topic, record_type, value), headers=envelope.headers())
     assert producer.flush(10) == 0
 

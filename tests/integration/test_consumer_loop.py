@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from flotilla import deadletter
@@ -27,6 +27,7 @@ from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
+from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from flotilla.workflow import Budgets
 
@@ -61,7 +62,7 @@ def topic(stack: StackSettings) -> Iterator[str]:
 
 
 def produce(stack: StackSettings, topic: str, records: list[tuple[str, bytes | None, list[tuple[str, bytes]]]]) -> None:
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    producer = ordered_producer(stack.kafka_bootstrap)
     for key, value, headers in records:
         producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(15) == 0

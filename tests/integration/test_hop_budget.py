@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -28,6 +27,7 @@ from flotilla.envelope import Envelope
 from flotilla.handling import HandlerContext
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
+from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import sample_value
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,7 +94,7 @@ def test_a_ping_pong_loop_is_cut_by_the_hop_budget(
     schema = next(c.schema for c in load_contracts() if c.full_name == REQUEST)
     first = sample_value(schema, incidentId=incident)
     envelope = Envelope(type=REQUEST, source="/tests", correlationid=incident, id=first["eventId"], hops=HOPS)
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    producer = ordered_producer(stack.kafka_bootstrap)
     producer.produce(ping, key=incident, value=serde.serialize(ping, REQUEST, first), headers=envelope.headers())
     assert producer.flush(10) == 0
 

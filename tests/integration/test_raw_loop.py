@@ -10,13 +10,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
 from flotilla.rawloop import RawLoop
 from flotilla.settings import StackSettings
+from flotilla.testing.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,7 +47,7 @@ def _lag(group: str, topic: str, partition: int) -> float | None:
 def test_every_record_is_handled_in_a_transaction_and_the_lag_drains_to_zero(
     stack: StackSettings, topic: str, pool: ConnectionPool[Any]
 ) -> None:
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    producer = ordered_producer(stack.kafka_bootstrap)
     for i in range(6):
         producer.produce(topic, key=f"k{i}", value=f"not avro {i}".encode(), partition=i % 2)
     assert producer.flush(10) == 0

@@ -13,12 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from flotilla.serde import AvroSerde, registry_client
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
+from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 
 from .kafka_wait import by_event_id, wait_for
@@ -60,7 +61,7 @@ def test_down_then_up_keeps_schemas_and_topic_data(
     schema_id = registry.get_latest_version(subject).schema_id
     value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
     payload = serde.serialize("incidents", SERVICE_LATENCY_INCREASED, value)
-    producer = Producer({"bootstrap.servers": local_stack.kafka_bootstrap})
+    producer = ordered_producer(local_stack.kafka_bootstrap)
     delivered: list[tuple[int, int]] = []
     producer.produce(
         "incidents",

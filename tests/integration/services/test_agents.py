@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -25,6 +25,7 @@ from flotilla.envelope import Envelope
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
+from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import latency_fact
 from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings
 from services.diagnostic_agent import build_spec as diagnostic_spec
@@ -221,7 +222,7 @@ def with_reasoner(ctx: ServiceContext, reasoner: Reasoner, **settings: Any) -> t
 
 
 def produce(stack: StackSettings, topic: str, serde: AvroSerde, records: list[tuple[dict[str, Any], Envelope]]) -> None:
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    producer = ordered_producer(stack.kafka_bootstrap)
     for value, envelope in records:
         payload = serde.serialize("incidents", envelope.type, value)
         producer.produce(topic, key=envelope.correlationid, value=payload, headers=envelope.headers())

@@ -25,7 +25,6 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 from psycopg_pool import ConnectionPool
@@ -36,6 +35,7 @@ from flotilla.envelope import Envelope
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
+from flotilla.testing.producing import ordered_producer
 from services.executor import commands, idempotency, leases, outcomes
 from services.executor.commands import Step
 from services.executor.execution import Applied, Executor, Failed, Replayed
@@ -247,7 +247,7 @@ def produce_fact(stack: StackSettings, serde: AvroSerde, topic: str, kind: str, 
 
 
 def _produce(stack: StackSettings, topic: str, key: str, payload: bytes, envelope: Envelope) -> None:
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    producer = ordered_producer(stack.kafka_bootstrap)
     producer.produce(topic, key=key, value=payload, headers=envelope.headers())
     assert producer.flush(15) == 0
 

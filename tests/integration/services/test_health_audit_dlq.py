@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
@@ -39,6 +39,7 @@ from flotilla.serde import AvroSerde
 from flotilla.service import create_app
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
+from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from flotilla.workflow import Status, WorkflowStore
 from services.audit import service as audit_service
@@ -98,7 +99,7 @@ def query(stack: StackSettings, database: str, sql: str, *args: Any) -> list[tup
 
 def produce(stack: StackSettings, topic: str, records: list[tuple[str | None, bytes | None, list[Any]]]) -> None:
     # murmur2, as Debezium places keys: our records join their incident's partition
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0, "partitioner": "murmur2_random"})
+    producer = ordered_producer(stack.kafka_bootstrap, partitioner="murmur2_random")
     for key, value, headers in records:
         producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(15) == 0

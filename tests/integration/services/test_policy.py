@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 from psycopg.rows import dict_row
@@ -34,6 +33,7 @@ from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
 from flotilla.service import ServiceSettings, create_app
 from flotilla.settings import StackSettings
+from flotilla.testing.producing import ordered_producer
 from flotilla.workflow import IncidentState, Status, WorkflowStore, transition
 from services.policy import approvals
 from services.policy.api import install_routes
@@ -144,7 +144,7 @@ def envelope_for(value: dict[str, Any]) -> Envelope:
 
 
 def produce(stack: StackSettings, serde: AvroSerde, topic: str, values: list[dict[str, Any]]) -> list[Envelope]:
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 0})
+    producer = ordered_producer(stack.kafka_bootstrap)
     envelopes = []
     for value in values:
         env = envelope_for(value)
