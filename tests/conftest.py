@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if "e2e" in parts:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture()
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No FLOTILLA_* variable or stack env file of the surrounding shell leaks in
+    (modules that build settings ask for it with ``pytest.mark.usefixtures``)."""
+    for name in list(os.environ):
+        if name.startswith("FLOTILLA_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent" / "stack.env"))

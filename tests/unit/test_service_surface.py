@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,7 @@ FLEET_METRICS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No FLOTILLA_* variable or stack env file of the surrounding shell leaks in."""
-    for name in list(os.environ):
-        if name.startswith("FLOTILLA_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent" / "stack.env"))
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/conftest.py
 
 
 def _client(name: str = "policy-service", ready: bool = True) -> TestClient:

@@ -7,13 +7,11 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import re
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -310,12 +308,7 @@ class StandIns:
         return httpx.Response(404, json={"detail": {"error": "no such entry"}})
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("FLOTILLA_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent" / "stack.env"))
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/conftest.py
 
 
 @pytest.fixture()
