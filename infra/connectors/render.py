@@ -26,6 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT / "libs") not in sys.path:  # runs from a checkout without `pip install -e`
     sys.path.insert(0, str(REPO_ROOT / "libs"))
 
+from flotilla_ops.generated import write_or_check  # noqa: E402
+
 from flotilla.connectors import connector_name, outbox_connector_config  # noqa: E402
 from flotilla.outbox import OUTBOX_MIGRATION  # noqa: E402
 
@@ -56,25 +58,11 @@ def rendered() -> dict[Path, str]:
     return files
 
 
-def stale(files: dict[Path, str]) -> list[Path]:
-    return [path for path, text in files.items() if not path.exists() or path.read_text() != text]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is missing or stale")
     args = parser.parse_args(argv)
-    files = rendered()
-    if args.check:
-        outdated = stale(files)
-        for path in outdated:
-            print(f"stale: {path.relative_to(REPO_ROOT)} (run python infra/connectors/render.py)", file=sys.stderr)
-        return 1 if outdated else 0
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path.relative_to(REPO_ROOT)}")
-    return 0
+    return write_or_check(rendered(), check=args.check, root=REPO_ROOT, regenerate="python infra/connectors/render.py")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ for folder in (REPO_ROOT / "libs", REPO_ROOT):  # runs from a checkout without `
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
+from flotilla_ops.generated import write_or_check  # noqa: E402
+
 from flotilla.connectors import connector_name, outbox_connector_config  # noqa: E402
 from services.fleet import FLEET  # noqa: E402
 
@@ -88,16 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is missing or stale")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not OUTPUT.exists() or OUTPUT.read_text() != text:
-            print(f"stale: {OUTPUT.relative_to(REPO_ROOT)} (run python infra/k8s/connectors.py)", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(REPO_ROOT)}")
-    return 0
+    return write_or_check(
+        {OUTPUT: render()}, check=args.check, root=REPO_ROOT, regenerate="python infra/k8s/connectors.py"
+    )
 
 
 if __name__ == "__main__":

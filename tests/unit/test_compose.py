@@ -236,11 +236,12 @@ def test_render_check_passes_on_the_committed_files() -> None:
 
 
 def test_render_check_flags_a_stale_file(tmp_path: Path) -> None:
-    render = _load_module("_render_under_test", RENDER)
+    from flotilla_ops.generated import stale  # what render.py --check runs
+
     good, bad, missing = tmp_path / "good.json", tmp_path / "bad.json", tmp_path / "missing.json"
     good.write_text("{}\n")
     bad.write_text('{"edited": "by hand"}\n')
-    assert render.stale({good: "{}\n", bad: "{}\n", missing: "{}\n"}) == [bad, missing]
+    assert stale({good: "{}\n", bad: "{}\n", missing: "{}\n"}) == [bad, missing]
 
 
 def test_connect_init_puts_exactly_the_connector_config(services: dict[str, dict[str, Any]]) -> None:
