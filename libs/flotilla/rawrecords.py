@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from flotilla.envelope import RawHeaders, header_pairs
+from flotilla.tailing import header
 
 __all__ = ["b64", "clean_text", "epoch_millis", "first_header", "headers_of", "is_uuid", "jsonable"]
 
@@ -19,12 +20,10 @@ def headers_of(raw: RawHeaders) -> list[tuple[str, bytes | None]]:
     return list(header_pairs(raw))
 
 
-def first_header(headers: Iterable[tuple[str, bytes | None]], name: str) -> str | None:
+def first_header(headers: RawHeaders, name: str) -> str | None:
     """The first value of header ``name`` as text (Kafka headers may repeat)."""
-    for key, value in headers:
-        if key == name:
-            return None if value is None else clean_text(value)
-    return None
+    value = header(headers, name)
+    return None if value is None else clean_text(value)
 
 
 def clean_text(value: bytes) -> str:
