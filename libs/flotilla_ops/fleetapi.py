@@ -8,6 +8,7 @@ service that cannot be reached becomes one too (status 0), naming the URL.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -68,6 +69,11 @@ def _describe(detail: Any) -> str:
     if isinstance(detail, list):
         return "; ".join(_describe(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
     return str(detail)
+
+
+def person_label(user: str, roles: Sequence[str]) -> str:
+    """How a person is shown, CLI and console alike: ``alice (approver)``."""
+    return f"{user} ({', '.join(roles) or 'no roles'})"
 
 
 def _bearer(token: str | None) -> dict[str, str]:

@@ -31,6 +31,7 @@ from typing import Any
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from flotilla_ops.fleetapi import person_label
 
 COOKIE_NAME = "flotilla_console"
 # HKDF's context: a key for this purpose only, whatever else the secret is used for.
@@ -77,7 +78,7 @@ class Session:
         """The signed-in person as shown in the header: name and roles, else the key's fingerprint."""
         if self.user is None:
             return f"key {self.key_id}"
-        return f"{self.user} ({', '.join(self.roles) or 'no roles'})"
+        return person_label(self.user, self.roles)
 
     def holds(self, role: str) -> bool:
         """Whether the person held ``role`` at login (the policy service decides; this only warns)."""

@@ -14,6 +14,7 @@ import typer
 
 from flotilla_ops.cli.output import ExitCode, Output, api_errors, table
 from flotilla_ops.cli.runtime import runtime
+from flotilla_ops.fleetapi import person_label
 
 app = typer.Typer(help="Proposals waiting for (or decided by) a person (policy service).", no_args_is_help=True)
 
@@ -63,7 +64,7 @@ def whoami(ctx: typer.Context, token: Token = None, as_json: JsonFlag = False) -
     bearer = need_token(out, token)
     with runtime(ctx).api() as api, api_errors(out, "asking who the token belongs to"):
         me = api.whoami(bearer)
-    out.emit(me, lambda d: f"{d.get('user')} ({', '.join(d.get('roles') or []) or 'no roles'})")
+    out.emit(me, lambda d: person_label(str(d.get("user")), d.get("roles") or []))
 
 
 @app.command("list")
