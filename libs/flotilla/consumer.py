@@ -80,7 +80,7 @@ class LoopConfig:
     source: str  # ce_source of the records this service emits, e.g. /flotilla/health-agent
     batch_size: int = 200
     poll_timeout: float = 0.2
-    # After the first record of a batch, how long to wait for more. None by default: under
+    # After the first record of a batch, how long to wait for more. No wait by default: under
     # load records pile up in librdkafka's queue while a batch runs and the next batch takes
     # them all, so lingering only delays the first record after a quiet spell (measured:
     # 5 ms of linger cost ~4 ms per hop, p50 171 -> 155 ms end to end without it).
