@@ -13,23 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from flotilla.consumer import ConsumerLoop, LoopConfig, commit_offsets
 from flotilla.rawloop import RawLoop
 from flotilla.settings import StackSettings
-
-
-class _Msg:
-    def __init__(self, topic: str, partition: int, offset: int) -> None:
-        self._t, self._p, self._o = topic, partition, offset
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def error(self) -> None:
-        return None
+from flotilla.testing.messages import FakeMessage
 
 
 class _Consumer:
@@ -69,7 +53,7 @@ def _loop(error: int | None) -> tuple[ConsumerLoop, _Consumer]:
 
 
 def _msgs() -> list[Any]:
-    return [_Msg("incidents", 0, 5), _Msg("incidents", 0, 7), _Msg("incidents", 3, 2)]
+    return [FakeMessage(partition=0, offset=5), FakeMessage(partition=0, offset=7), FakeMessage(partition=3, offset=2)]
 
 
 def test_offsets_committed_are_one_past_the_highest_per_partition() -> None:

@@ -21,6 +21,7 @@ from flotilla.deadletter import (
     Reason,
     dlq_topic,
 )
+from flotilla.testing.messages import FakeMessage
 
 CONTEXT_NAMES = [
     "dlq_origin_topic",
@@ -36,43 +37,11 @@ CONTEXT_NAMES = [
 FIRST_FAILURE = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
-class FakeMessage:
-    """Just enough of confluent_kafka.Message for DeadLetter.headers()."""
-
-    def __init__(
-        self,
-        headers: Any,
-        *,
-        topic: str | None = "incidents",
-        partition: int = 3,
-        offset: int = 1042,
-        key: bytes | None = b"incident-204",
-        value: bytes | None = b"\x00\x00\x00\x00\x01junk",
-    ) -> None:
-        self._headers = headers
-        self._topic = topic
-        self._partition = partition
-        self._offset = offset
-        self._key = key
-        self._value = value
-
-    def topic(self) -> str | None:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def headers(self) -> Any:
-        return self._headers
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
+def dead_lettered(headers: Any, *, topic: str | None = "incidents") -> Any:
+    """The dead-lettered record these tests describe: incidents[3]@1042, keyed incident-204."""
+    return FakeMessage(
+        topic=topic, partition=3, offset=1042, key=b"incident-204", value=b"\x00\x00\x00\x00\x01junk", headers=headers
+    )
 
 
 class HandlerBroke(RuntimeError):
@@ -123,7 +92,7 @@ def test_context_header_names() -> None:
 
 
 def test_original_headers_come_first_normalised_to_bytes() -> None:
-    headers = _letter().headers(FakeMessage(ORIGINAL), "policy-service")  # type: ignore[arg-type]
+    headers = _letter().headers(dead_lettered(ORIGINAL), "policy-service")  # type: ignore[arg-type]
     assert headers[:4] == [
         ("ce_id", b"6f1c1b52-8a55-4d55-9c69-5e0f4b1e2a10"),
         ("ce_type", b"dev.flotilla.incidents.ServiceLatencyIncreased"),
@@ -133,7 +102,7 @@ def test_original_headers_come_first_normalised_to_bytes() -> None:
 
 
 def test_context_headers_follow_in_order_with_values() -> None:
-    headers = _letter().headers(FakeMessage(ORIGINAL), "policy-service")  # type: ignore[arg-type]
+    headers = _letter().headers(dead_lettered(ORIGINAL), "policy-service")  # type: ignore[arg-type]
     context = headers[len(ORIGINAL) :]
     assert [name for name, _ in context] == CONTEXT_NAMES
     assert all(isinstance(value, bytes) for _, value in context)
@@ -160,25 +129,25 @@ def test_context_headers_follow_in_order_with_values() -> None:
     ids=["pairs-of-str", "dict-mixed", "pairs-of-bytes"],
 )
 def test_every_header_shape_is_kept(shape: Any) -> None:
-    headers = _letter().headers(FakeMessage(shape), "c")  # type: ignore[arg-type]
+    headers = _letter().headers(dead_lettered(shape), "c")  # type: ignore[arg-type]
     assert headers[:2] == [("ce_id", b"abc"), ("ce_hops", b"3")]
     assert [name for name, _ in headers[2:]] == CONTEXT_NAMES
 
 
 def test_a_message_without_headers_gets_only_context() -> None:
-    headers = _letter().headers(FakeMessage(None), "c")  # type: ignore[arg-type]
+    headers = _letter().headers(dead_lettered(None), "c")  # type: ignore[arg-type]
     assert [name for name, _ in headers] == CONTEXT_NAMES
 
 
 def test_duplicate_original_headers_are_all_kept() -> None:
     dupes = [("trace", b"a"), ("trace", b"b")]
-    headers = _letter().headers(FakeMessage(dupes), "c")  # type: ignore[arg-type]
+    headers = _letter().headers(dead_lettered(dupes), "c")  # type: ignore[arg-type]
     assert headers[:2] == dupes
 
 
 def test_long_error_messages_are_truncated_at_2000_characters() -> None:
     letter = _letter(error=ValueError("é" * 1999 + "xyz"))
-    context = dict(letter.headers(FakeMessage([]), "c"))  # type: ignore[arg-type]
+    context = dict(letter.headers(dead_lettered([]), "c"))  # type: ignore[arg-type]
     message = context["dlq_error_message"]
     assert isinstance(message, bytes)
     assert message.decode() == "é" * 1999 + "x"
@@ -187,19 +156,19 @@ def test_long_error_messages_are_truncated_at_2000_characters() -> None:
 
 def test_a_message_of_exactly_2000_characters_is_kept_whole() -> None:
     letter = _letter(error=ValueError("a" * 2000))
-    context = dict(letter.headers(FakeMessage([]), "c"))  # type: ignore[arg-type]
+    context = dict(letter.headers(dead_lettered([]), "c"))  # type: ignore[arg-type]
     assert context["dlq_error_message"] == b"a" * 2000
 
 
 @pytest.mark.parametrize("reason", list(Reason))
 def test_reason_header_carries_the_reason_value(reason: Reason) -> None:
-    context = dict(_letter(reason=reason).headers(FakeMessage([]), "c"))  # type: ignore[arg-type]
+    context = dict(_letter(reason=reason).headers(dead_lettered([]), "c"))  # type: ignore[arg-type]
     assert context["dlq_reason"] == reason.value.encode()
 
 
 def test_first_failure_time_is_iso_8601_with_milliseconds() -> None:
     local = FIRST_FAILURE.astimezone(timezone(timedelta(hours=2)))
-    context = dict(_letter(first_failure=local).headers(FakeMessage([]), "c"))  # type: ignore[arg-type]
+    context = dict(_letter(first_failure=local).headers(dead_lettered([]), "c"))  # type: ignore[arg-type]
     stamp = context["dlq_first_failure_time"]
     assert isinstance(stamp, bytes)
     assert stamp == b"2024-05-01T14:00:00.123+02:00"
@@ -208,18 +177,18 @@ def test_first_failure_time_is_iso_8601_with_milliseconds() -> None:
 
 def test_first_failure_time_keeps_milliseconds_when_zero() -> None:
     whole = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
-    context = dict(_letter(first_failure=whole).headers(FakeMessage([]), "c"))  # type: ignore[arg-type]
+    context = dict(_letter(first_failure=whole).headers(dead_lettered([]), "c"))  # type: ignore[arg-type]
     assert context["dlq_first_failure_time"] == b"2024-05-01T12:00:00.000+00:00"
 
 
 def test_a_message_with_no_topic_gets_an_empty_origin() -> None:
-    context = dict(_letter().headers(FakeMessage([], topic=None), "c"))  # type: ignore[arg-type]
+    context = dict(_letter().headers(dead_lettered([], topic=None), "c"))  # type: ignore[arg-type]
     assert context["dlq_origin_topic"] == b""
 
 
 def test_headers_leave_the_message_alone() -> None:
     original = list(ORIGINAL)
-    msg = FakeMessage(original)
+    msg = dead_lettered(original)
     _letter().headers(msg, "c")  # type: ignore[arg-type]
     assert msg.headers() == ORIGINAL
     assert msg.key() == b"incident-204"

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from flotilla.testing.messages import FakeMessage
+
 
 @dataclass
 class Produced:
@@ -18,45 +20,6 @@ class Produced:
     key: str | None
     value: bytes
     headers: dict[str, str]
-
-
-class FakeMessage:
-    def __init__(
-        self,
-        topic: str,
-        value: bytes | None,
-        headers: Sequence[tuple[str, bytes]],
-        key: bytes | None = None,
-        partition: int = 0,
-        offset: int = 0,
-        timestamp_ms: int = 1_700_000_000_000,
-    ) -> None:
-        self._topic, self._value, self._headers, self._key = topic, value, list(headers), key
-        self._partition, self._offset, self._ts = partition, offset, timestamp_ms
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return self._headers
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts)
-
-    def error(self) -> None:
-        return None
 
 
 @dataclass
@@ -80,7 +43,9 @@ class FakeProducer:
             if self.fail_with:
                 callback(self.fail_with, None)
             else:
-                callback(None, FakeMessage(self.produced[index].topic, None, [], partition=index % 3, offset=index))
+                callback(
+                    None, FakeMessage(topic=self.produced[index].topic, headers=[], partition=index % 3, offset=index)
+                )
         self._pending.clear()
 
     def poll(self, timeout: float = 0) -> int:

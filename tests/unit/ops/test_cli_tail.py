@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
+from flotilla.testing.messages import FakeMessage
 from flotilla.testing.samples import latency_fact
 
-from .fakes import FakeConsumer, FakeMessage, json_lines
+from .fakes import FakeConsumer, json_lines
 
 SLI = "dev.flotilla.incidents.ServiceLatencyIncreased"
 
@@ -23,7 +24,14 @@ SLI = "dev.flotilla.incidents.ServiceLatencyIncreased"
 def fact(serde: AvroSerde, incident: str, offset: int, topic: str = "incidents", **extra: bytes) -> FakeMessage:
     value, envelope = latency_fact(incident, service="cli-test-svc")
     headers = [*envelope.headers(), *extra.items()]
-    return FakeMessage(topic, serde.serialize("incidents", SLI, value), headers, incident.encode(), 2, offset)
+    return FakeMessage(
+        topic=topic,
+        value=serde.serialize("incidents", SLI, value),
+        headers=headers,
+        key=incident.encode(),
+        partition=2,
+        offset=offset,
+    )
 
 
 def run(cli: CliRunner, serde: AvroSerde, messages: Sequence[FakeMessage], *args: str) -> tuple[Any, FakeConsumer]:
@@ -75,7 +83,11 @@ def test_max_stops_early_and_exit_1_when_not_reached(cli: CliRunner, serde: Avro
 def test_dead_letters_show_their_context_and_undecodable_values(cli: CliRunner, serde: AvroSerde) -> None:
     good = fact(serde, "i", 7, topic="incidents.dlq", dlq_reason=b"invalid-record", dlq_consumer=b"executor")
     poison = FakeMessage(
-        "incidents.dlq", b"not avro", [("ce_correlationid", b"i"), ("dlq_reason", b"undecodable")], b"i", 0, 8
+        topic="incidents.dlq",
+        value=b"not avro",
+        headers=[("ce_correlationid", b"i"), ("dlq_reason", b"undecodable")],
+        key=b"i",
+        offset=8,
     )
     result, _ = run(cli, serde, [good, poison], "--topic", "incidents.dlq", "--json", "--timeout", "0.3")
     first, second = json_lines(result.stdout)
