@@ -43,7 +43,7 @@ from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
 from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
-from flotilla.serde import AvroSerde, SerdeError, UndecodableRecordError, UnknownSchemaIdError
+from flotilla.serde import AvroSerde, RegistryUnavailableError, SerdeError, UnknownSchemaIdError
 from flotilla.settings import StackSettings
 from flotilla.workflow import (
     WORKFLOW_MIGRATION,
@@ -99,6 +99,10 @@ class LoopConfig:
     stats_interval_ms: int = 5000
     budgets: Budgets | None = None  # enforce per-incident budgets (one service owns this)
     kafka: Mapping[str, str | int | bool] = field(default_factory=dict)
+    # A record's schema id must be registered under <topic>-<record name> for the topic it
+    # is read from; a loop reading copies of a contract topic from a topic of another name
+    # (tests do) maps that name to the contract topic here.
+    contract_topics: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,9 @@ class ConsumerLoop:
 
     def _process_batch(self, msgs: list[Message]) -> None:
         started = time.perf_counter()
-        items = [self._decode(msg) for msg in msgs]
+        items = self._decode_batch(msgs)
+        if items is None:
+            return  # asked to stop while the registry was away: nothing done, nothing committed
         for attempt in range(self.config.max_retries + 1):
             try:
                 with self._pool.connection() as conn:
@@ -421,13 +427,40 @@ class ConsumerLoop:
                 log.warning("handler failed on %s (attempt %d): %s", it.incoming.envelope.id, attempt, exc)
                 time.sleep(self._backoff(attempt))
 
+    def _decode_batch(self, msgs: list[Message]) -> list[_Item] | None:
+        """Decode every record; while the registry cannot answer, wait and decode again.
+
+        A registry outage says nothing about the records, so nothing is dead-lettered for
+        it and no offset moves: the partition waits (backing off) until the registry is
+        back. None when the loop was asked to stop meanwhile.
+        """
+        attempt = 0
+        while True:
+            try:
+                return [self._decode(msg) for msg in msgs]
+            except RegistryUnavailableError as exc:
+                attempt += 1
+                metrics.RETRIES.labels(self.config.name).inc()
+                log.warning("schema registry unavailable (attempt %d), decoding again later: %s", attempt, exc)
+                if self._stopping.wait(self._backoff(attempt)):
+                    return None
+
     def _decode(self, msg: Message) -> _Item:
-        topic = msg.topic() or ""
-        metrics.RECORDS_CONSUMED.labels(self.config.name, topic).inc()
+        """One record as something to handle, or a dead letter. Poison never blocks a
+        partition: whatever the bytes and headers hold, the answer is an item."""
+        metrics.RECORDS_CONSUMED.labels(self.config.name, msg.topic() or "").inc()
         try:
-            envelope = Envelope.from_headers(msg.headers())
-        except ValueError as exc:
+            return self._decode_record(msg)
+        except RegistryUnavailableError:
+            raise
+        except UnknownSchemaIdError as exc:
+            return _Item(msg, letter=self._letter(msg, Reason.UNKNOWN_SCHEMA, exc))
+        except Exception as exc:  # UndecodableRecordError, a bad envelope, or any surprise
             return _Item(msg, letter=self._letter(msg, Reason.UNDECODABLE, exc))
+
+    def _decode_record(self, msg: Message) -> _Item:
+        topic = msg.topic() or ""
+        envelope = Envelope.from_headers(msg.headers())
         key = msg.key()
 
         def incoming(record_type: str, value: dict[str, Any]) -> Incoming:
@@ -443,12 +476,7 @@ class ConsumerLoop:
 
         if envelope.hops <= 0:  # not decoded: it is never handled
             return _Item(msg, incoming=incoming(envelope.type, {}))
-        try:
-            decoded = self._serde.deserialize(msg.value())
-        except UnknownSchemaIdError as exc:
-            return _Item(msg, letter=self._letter(msg, Reason.UNKNOWN_SCHEMA, exc))
-        except UndecodableRecordError as exc:
-            return _Item(msg, letter=self._letter(msg, Reason.UNDECODABLE, exc))
+        decoded = self._serde.deserialize(msg.value(), topic=self.config.contract_topics.get(topic, topic))
         if decoded.record_name != envelope.type:
             mismatch = BusinessRuleViolation(f"ce_type is {envelope.type} but the value is a {decoded.record_name}")
             return _Item(msg, letter=self._letter(msg, Reason.INVALID_RECORD, mismatch))

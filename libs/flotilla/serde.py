@@ -6,6 +6,13 @@ Writers serialize against the schema *registered* for ``<topic>-<record full nam
 not match its contract is refused where it is produced, with an error naming the field.
 Registry look-ups are cached per subject and per schema id: the registry is consulted
 once per record type per process, not per record.
+
+Readers trust nothing in the frame. Whatever the bytes say — an id that names a JSON or
+Protobuf schema, an Avro primitive, a schema registered under some other subject, a body
+that does not parse — decoding ends in :class:`UndecodableRecordError` (the record is
+poison: dead-letter it and move on), never in another exception type that would crash a
+consumer. The one exception is :class:`RegistryUnavailableError`: the registry could not
+answer, which says nothing about the record, so the caller waits and tries again.
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ from __future__ import annotations
 import io
 import json
 import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -25,6 +35,12 @@ from flotilla.validation import RecordValidator
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
+# Schema ids come from the bytes on a topic, i.e. from anyone who can produce there: the
+# caches they key are bounded, so a stream of distinct ids cannot grow memory without end.
+READER_CACHE_SIZE = 1024
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class SerdeError(ValueError):
@@ -52,6 +68,40 @@ class UnknownSchemaIdError(UndecodableRecordError):
     """The frame names a schema id the registry does not know."""
 
 
+class RegistryUnavailableError(Exception):
+    """The registry did not answer (5xx, timeout, refused connection).
+
+    Deliberately not a :class:`SerdeError`: it is not the record's fault, so the record
+    must not be dead-lettered; the caller backs off and decodes it again.
+    """
+
+
+class _Lru(Generic[K, V]):
+    """A small thread-safe LRU map (readers are shared by a service's threads)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 @dataclass(frozen=True)
 class _Writer:
     schema_id: int
@@ -72,10 +122,11 @@ class Decoded:
 class AvroSerde:
     """Serialize and deserialize through one registry client, with caches."""
 
-    def __init__(self, client: SchemaRegistryClient) -> None:
+    def __init__(self, client: SchemaRegistryClient, *, reader_cache_size: int = READER_CACHE_SIZE) -> None:
         self._client = client
-        self._writers: dict[str, _Writer] = {}
-        self._readers: dict[int, tuple[Any, str]] = {}
+        self._writers: dict[str, _Writer] = {}  # keyed by our own subjects: bounded by the catalogue
+        self._readers: _Lru[int, tuple[Any, str] | UndecodableRecordError] = _Lru(reader_cache_size)
+        self._bound: _Lru[tuple[int, str], bool] = _Lru(reader_cache_size)
 
     @property
     def client(self) -> SchemaRegistryClient:
@@ -101,7 +152,9 @@ class AvroSerde:
         parsed = parse_schema(schema_dict)
         writer = _Writer(registered.schema_id, parsed, record_full_name, RecordValidator(cast(dict[str, Any], parsed)))
         self._writers[subject] = writer
-        self._readers.setdefault(writer.schema_id, (writer.parsed, record_full_name))
+        if self._readers.get(writer.schema_id) is None:
+            self._readers.put(writer.schema_id, (writer.parsed, record_full_name))
+        self._bound.put((writer.schema_id, subject), True)
         return writer
 
     def validate(self, topic: str, record_full_name: str, value: dict[str, Any]) -> _Writer:
@@ -120,33 +173,66 @@ class AvroSerde:
         schemaless_writer(buf, writer.parsed, value)
         return buf.getvalue()
 
+    def _ask(self, call: Callable[[], V], what: str) -> V:
+        """A registry call; any failure that is not an answer about the id is 'unavailable'."""
+        try:
+            return call()
+        except SchemaRegistryError as exc:
+            status = exc.http_status_code or 0
+            if status == 404:
+                raise
+            if 400 <= status < 500:
+                # The registry answered: it will not describe this id (bad request, bad
+                # reference...). That is about the record, not about the registry.
+                raise UndecodableRecordError(f"the registry refused {what}: {exc}") from exc
+            raise RegistryUnavailableError(f"the registry failed on {what}: {exc}") from exc
+        except Exception as exc:  # transport errors, timeouts, a non-JSON answer
+            raise RegistryUnavailableError(f"the registry did not answer {what}: {exc!r}") from exc
+
     def _reader(self, schema_id: int) -> tuple[Any, str]:
         cached = self._readers.get(schema_id)
+        if isinstance(cached, UndecodableRecordError):
+            raise cached
         if cached is not None:
             return cached
         try:
-            schema = self._client.get_schema(schema_id)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                raise UnknownSchemaIdError(f"schema id {schema_id} is not known to the registry") from exc
+            schema = self._ask(lambda: self._client.get_schema(schema_id), f"schema id {schema_id}")
+        except SchemaRegistryError as exc:  # only a 404 gets here
+            raise UnknownSchemaIdError(f"schema id {schema_id} is not known to the registry") from exc
+        try:
+            reader = _record_reader(schema_id, schema.schema_type, schema.schema_str)
+        except UndecodableRecordError as exc:
+            # What an id names never changes: remember the verdict, ask the registry once.
+            self._readers.put(schema_id, exc)
             raise
-        if schema.schema_str is None:
-            raise UnknownSchemaIdError(f"schema id {schema_id} has no schema text in the registry")
-        schema_dict = json.loads(schema.schema_str)
-        name = schema_dict.get("name", "?")
-        full = f"{schema_dict['namespace']}.{name}" if schema_dict.get("namespace") else name
-        reader = (parse_schema(schema_dict), full)
-        self._readers[schema_id] = reader
+        self._readers.put(schema_id, reader)
         return reader
 
-    def deserialize(self, data: bytes | None) -> Decoded:
-        """Decode a framed value; raises UndecodableRecordError for anything else."""
+    def _check_subject(self, schema_id: int, topic: str, record_name: str) -> None:
+        """The id must be registered under ``<topic>-<record>``: a schema of the same name
+        registered under another subject never passed our compatibility rule."""
+        subject = subject_for(topic, record_name)
+        if self._bound.get((schema_id, subject)):
+            return
+        versions = self._ask(lambda: self._client.get_schema_versions(schema_id), f"subjects of schema id {schema_id}")
+        if not any(getattr(v, "subject", None) == subject for v in versions):
+            raise UndecodableRecordError(
+                f"schema id {schema_id} ({record_name}) is not registered under subject {subject}"
+            )
+        self._bound.put((schema_id, subject), True)
+
+    def deserialize(self, data: bytes | None, *, topic: str | None = None) -> Decoded:
+        """Decode a framed value; raises UndecodableRecordError for anything that is not a
+        record of a registered Avro record schema (bound to ``topic``'s subject when given),
+        RegistryUnavailableError when the registry cannot be asked."""
         if data is None or len(data) < _HEADER.size:
             raise UndecodableRecordError("value is empty or shorter than the 5-byte Confluent frame")
         magic, schema_id = _HEADER.unpack_from(data)
         if magic != MAGIC_BYTE:
             raise UndecodableRecordError(f"unknown magic byte {magic}: not a Confluent-framed Avro value")
         parsed, full_name = self._reader(schema_id)
+        if topic is not None:
+            self._check_subject(schema_id, topic, full_name)
         try:
             value = schemaless_reader(io.BytesIO(data[_HEADER.size :]), parsed, None)
         except Exception as exc:  # fastavro raises several types on truncated/garbled input
@@ -156,6 +242,36 @@ class AvroSerde:
         if not isinstance(value, dict):
             raise UndecodableRecordError(f"schema id {schema_id} does not describe a record")
         return Decoded(schema_id=schema_id, record_name=full_name, value=value)
+
+
+def _record_reader(schema_id: int, schema_type: str | None, schema_str: str | None) -> tuple[Any, str]:
+    """The parsed reader schema and full name of an Avro *record* schema; anything else
+    (JSON Schema, Protobuf, an Avro primitive, array, enum, union, text that does not
+    parse) raises UndecodableRecordError."""
+    kind = (schema_type or "AVRO").upper()
+    if kind != "AVRO":
+        raise UndecodableRecordError(f"schema id {schema_id} is a {kind} schema, not Avro")
+    if not schema_str:
+        raise UndecodableRecordError(f"schema id {schema_id} has no schema text in the registry")
+    try:
+        schema_dict = json.loads(schema_str)
+    except ValueError as exc:
+        raise UndecodableRecordError(f"schema id {schema_id} is not valid Avro JSON: {exc}") from exc
+    if not isinstance(schema_dict, dict) or schema_dict.get("type") not in ("record", "error"):
+        shown = schema_dict.get("type") if isinstance(schema_dict, dict) else schema_dict
+        raise UndecodableRecordError(f"schema id {schema_id} is not an Avro record schema (type {shown!r:.60})")
+    name = schema_dict.get("name")
+    namespace = schema_dict.get("namespace")
+    if not isinstance(name, str) or (namespace is not None and not isinstance(namespace, str)):
+        raise UndecodableRecordError(f"schema id {schema_id} names no record")
+    try:
+        parsed = parse_schema(schema_dict)
+    except Exception as exc:  # fastavro: SchemaParseException, UnknownType, ValueError, ...
+        raise UndecodableRecordError(
+            f"schema id {schema_id} does not parse as Avro: {exc.__class__.__name__}: {exc}"
+        ) from exc
+    full = name if "." in name or not namespace else f"{namespace}.{name}"
+    return parsed, full
 
 
 def registry_client(url: str) -> SchemaRegistryClient:

@@ -6,10 +6,10 @@ replica serialize and the chain stays linear; the lock is held until the batch c
 the log (same topic/partition/offset: a redelivery after a crash between the commit and
 the offset commit) is skipped, not appended twice.
 
-A value is decoded through the registry when it can be; when it cannot (dead letters,
-poison, foreign bytes) the entry keeps the raw bytes and says why. Decoding failures
-caused by the registry being unreachable are *not* recorded as undecodable: they fail
-the batch, which is retried.
+A value is decoded through the registry when it can be; when it cannot (poison, foreign
+bytes, a schema id of the wrong kind) the entry keeps the raw bytes and says why, so no
+record can stop the audit. Decoding failures caused by the registry being unreachable
+are *not* recorded as undecodable: they fail the batch, which is retried.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import Message
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 from prometheus_client import Counter
 
 from flotilla.rawloop import AfterCommit
 from flotilla.rawrecords import first_header, headers_of, jsonable
-from flotilla.serde import AvroSerde, UndecodableRecordError
+from flotilla.serde import AvroSerde, RegistryUnavailableError
 from flotilla.workflow import Status
 from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
 from services.audit.timeline import event_time, next_status
@@ -73,13 +72,12 @@ class Recorder:
             decode_error = "the record has no value"
         else:
             try:
-                decoded = self._serde.deserialize(value)
-            except UndecodableRecordError as exc:
-                decode_error = str(exc)[:2000]
-            except SchemaRegistryError as exc:
-                if not 400 <= (exc.http_status_code or 0) < 500:
-                    raise  # the registry is unwell: retry the batch rather than record a wrong verdict
-                decode_error = f"the registry refused the value's schema id: {exc}"[:2000]
+                # A dead letter's value was written for its origin topic's subjects.
+                decoded = self._serde.deserialize(value, topic=(msg.topic() or "").removesuffix(".dlq"))
+            except RegistryUnavailableError:
+                raise  # the registry is unwell: retry the batch rather than record a wrong verdict
+            except Exception as exc:  # UndecodableRecordError or any surprise: the raw bytes are kept
+                decode_error = f"{exc.__class__.__name__}: {exc}"[:2000]
             else:
                 record_type = decoded.record_name
                 value_json = canonical_json(decoded.value)

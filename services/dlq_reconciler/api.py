@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaException, Message, Producer
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastapi import FastAPI, Header, HTTPException, Query
 from prometheus_client import Counter
 from psycopg.rows import dict_row
@@ -37,7 +36,13 @@ from pydantic import BaseModel
 
 from flotilla.rawrecords import b64, jsonable
 from flotilla.runner import ServiceContext
-from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError, UndecodableRecordError
+from flotilla.serde import (
+    AvroSerde,
+    RecordValidationError,
+    RegistryUnavailableError,
+    SchemaNotRegisteredError,
+    UndecodableRecordError,
+)
 from flotilla.settings import KafkaTarget, kafka_connection
 from services.dlq_reconciler.auth import OperatorTokens
 from services.dlq_reconciler.quarantine import (
@@ -253,7 +258,7 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
                     "schemaId": result.schema_id,
                     "fields": jsonable(result.value),
                 }
-            except (UndecodableRecordError, SchemaRegistryError) as exc:
+            except (UndecodableRecordError, RegistryUnavailableError) as exc:
                 decode_error = str(exc)
             return {
                 **_summary(row),

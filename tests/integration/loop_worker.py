@@ -80,6 +80,7 @@ def build_loop(
     config = LoopConfig(
         name=group,
         topics=(topic,),
+        contract_topics={topic: "incidents"},
         source="/flotilla/tests/loop-worker",
         batch_size=batch_size,
         budgets=budgets,

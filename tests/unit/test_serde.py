@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import RegisteredSchema, Schema
+from confluent_kafka.schema_registry.common.schema_registry_client import SchemaVersion
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from flotilla.serde import (
     AvroSerde,
     Decoded,
     RecordValidationError,
+    RegistryUnavailableError,
     SchemaNotRegisteredError,
     SerdeError,
     UndecodableRecordError,
@@ -41,17 +43,27 @@ SCHEMA_ID = 0x0A0B0C0D
 
 
 class FakeRegistry:
-    """Answers get_latest_version / get_schema from dicts; counts every call."""
+    """Answers get_latest_version / get_schema / get_schema_versions from dicts; counts every call."""
 
     def __init__(self) -> None:
         self.by_subject: dict[str, tuple[int, str]] = {}
         self.by_id: dict[int, str] = {}
+        self.types: dict[int, str] = {}
+        self.subjects_of: dict[int, list[str]] = {}
         self.calls: Counter[tuple[str, object]] = Counter()
-        self.fail_with: SchemaRegistryError | None = None
+        self.fail_with: Exception | None = None
 
-    def add(self, subject: str, schema_id: int, schema_str: str) -> None:
+    def add(self, subject: str, schema_id: int, schema_str: str, schema_type: str = "AVRO") -> None:
         self.by_subject[subject] = (schema_id, schema_str)
         self.by_id[schema_id] = schema_str
+        self.types[schema_id] = schema_type
+        self.subjects_of.setdefault(schema_id, []).append(subject)
+
+    def get_schema_versions(self, schema_id: int) -> list[SchemaVersion]:
+        self.calls["get_schema_versions", schema_id] += 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        return [SchemaVersion(subject=s, version=1) for s in self.subjects_of.get(schema_id, [])]
 
     def get_latest_version(self, subject: str) -> RegisteredSchema:
         self.calls["get_latest_version", subject] += 1
@@ -70,7 +82,7 @@ class FakeRegistry:
             raise self.fail_with
         if schema_id not in self.by_id:
             raise SchemaRegistryError(404, 40403, "Schema not found")
-        return Schema(self.by_id[schema_id], schema_type="AVRO")
+        return Schema(self.by_id[schema_id], schema_type=self.types[schema_id])
 
 
 @pytest.fixture
@@ -248,12 +260,84 @@ def test_an_unknown_schema_id_is_reported(serde: AvroSerde, registry: FakeRegist
     assert registry.calls["get_schema", 999] == 1
 
 
-def test_registry_errors_other_than_404_propagate_on_read(registry: FakeRegistry) -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [
+        SchemaRegistryError(503, 50301, "unavailable"),
+        SchemaRegistryError(500, 50001, "boom"),
+        ConnectionError("refused"),
+    ],
+)
+def test_a_registry_that_cannot_answer_is_unavailable_not_poison(registry: FakeRegistry, failure: Exception) -> None:
+    """Not the record's fault: not a SerdeError, so no consumer dead-letters it; decoding again
+    once the registry is back works."""
     data = AvroSerde(registry).serialize(TOPIC, RECORD, _value())
-    registry.fail_with = SchemaRegistryError(503, 50301, "unavailable")
-    with pytest.raises(SchemaRegistryError) as info:
-        AvroSerde(registry).deserialize(data)
+    reader = AvroSerde(registry)
+    registry.fail_with = failure
+    with pytest.raises(RegistryUnavailableError) as info:
+        reader.deserialize(data)
     assert not isinstance(info.value, SerdeError)
+    registry.fail_with = None
+    assert reader.deserialize(data).record_name == RECORD
+
+
+def test_a_registry_refusal_other_than_404_is_undecodable(registry: FakeRegistry) -> None:
+    registry.fail_with = SchemaRegistryError(422, 42202, "invalid schema id")
+    with pytest.raises(UndecodableRecordError, match="refused"):
+        AvroSerde(registry).deserialize(b"\x00" + (77).to_bytes(4, "big") + b"\x02")
+
+
+# A registry holds schemas of every kind; only an Avro record describes a Flotilla value.
+_NOT_RECORDS = {
+    101: ('"string"', "AVRO"),
+    102: ('{"type": "enum", "name": "E", "symbols": ["A", "B"]}', "AVRO"),
+    103: ('{"type": "array", "items": "long"}', "AVRO"),
+    104: ('{"type": "map", "values": "string"}', "AVRO"),
+    105: ('["null", "string"]', "AVRO"),
+    106: ('{"type": "fixed", "name": "F", "size": 4}', "AVRO"),
+    107: ('{"type": "record", "name": "R", "fields": [{"name": "x", "type": "NoSuchType"}]}', "AVRO"),
+    108: ("not json at all", "AVRO"),
+    109: ('{"type": "object", "properties": {"a": {"type": "string"}}}', "JSON"),
+    110: ('syntax = "proto3";\nmessage M { string a = 1; }\n', "PROTOBUF"),
+    111: ('{"type": "record", "fields": []}', "AVRO"),
+}
+
+
+@pytest.mark.parametrize("schema_id", sorted(_NOT_RECORDS))
+def test_an_id_of_any_other_kind_of_schema_is_undecodable_and_asked_once(
+    registry: FakeRegistry, schema_id: int
+) -> None:
+    text, kind = _NOT_RECORDS[schema_id]
+    registry.add(f"elsewhere-{schema_id}", schema_id, text, kind)
+    reader = AvroSerde(registry)
+    frame = b"\x00" + schema_id.to_bytes(4, "big") + b"\x06abc"
+    for _ in range(3):
+        with pytest.raises(UndecodableRecordError, match=f"schema id {schema_id}"):
+            reader.deserialize(frame)
+    assert registry.calls["get_schema", schema_id] == 1
+
+
+def test_an_id_registered_under_another_subject_is_refused_for_the_topic(registry: FakeRegistry) -> None:
+    """Same record name, but registered where our compatibility rule never looked."""
+    registry.add(f"rogue-{RECORD}", 4242, SCHEMA_STR)
+    rogue = b"\x00" + (4242).to_bytes(4, "big") + AvroSerde(registry).serialize(TOPIC, RECORD, _value())[5:]
+    reader = AvroSerde(registry)
+    assert reader.deserialize(rogue).record_name == RECORD  # no topic given: not bound
+    with pytest.raises(UndecodableRecordError, match=f"not registered under subject {SUBJECT}"):
+        reader.deserialize(rogue, topic=TOPIC)
+    ours = AvroSerde(registry).serialize(TOPIC, RECORD, _value())
+    assert reader.deserialize(ours, topic=TOPIC).record_name == RECORD
+    reader.deserialize(ours, topic=TOPIC)
+    assert registry.calls["get_schema_versions", SCHEMA_ID] == 1  # the binding is cached
+
+
+def test_the_reader_cache_is_bounded(registry: FakeRegistry) -> None:
+    reader = AvroSerde(registry, reader_cache_size=8)
+    for schema_id in range(500, 600):
+        registry.add(f"s-{schema_id}", schema_id, '"string"')
+        with pytest.raises(UndecodableRecordError):
+            reader.deserialize(b"\x00" + schema_id.to_bytes(4, "big") + b"\x00")
+    assert len(reader._readers) == 8
 
 
 # ------------------------------------------------------------------- caching

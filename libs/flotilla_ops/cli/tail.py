@@ -19,7 +19,7 @@ import typer
 from confluent_kafka import KafkaError, KafkaException
 
 from flotilla.envelope import header_pairs
-from flotilla.serde import AvroSerde, SerdeError
+from flotilla.serde import AvroSerde, RegistryUnavailableError, SerdeError
 from flotilla_ops.cli.output import ExitCode, Output, jsonable
 from flotilla_ops.cli.records import short_name
 from flotilla_ops.cli.runtime import runtime
@@ -80,7 +80,7 @@ def describe(msg: Any, serde: AvroSerde) -> dict[str, Any]:
     try:
         decoded = serde.deserialize(msg.value())
         record.update(type=decoded.record_name, schemaId=decoded.schema_id, value=jsonable(decoded.value))
-    except SerdeError as exc:
+    except (SerdeError, RegistryUnavailableError) as exc:
         record["decodeError"] = str(exc)
     if topic.endswith(".dlq"):
         record["dlq"] = {k[4:]: v for k, v in headers.items() if k.startswith("dlq_")}

@@ -205,7 +205,9 @@ def topic(stack: StackSettings) -> Iterator[str]:
 def on_topic(ctx: ServiceContext, topic: str, *, handlers_of: ServiceContext | None = None) -> ConsumerLoop:
     """The service's loop, consuming ``topic`` in a group of its own."""
     spec = dataclasses.replace(
-        (handlers_of or ctx).spec, topics=(topic,), loop={"kafka": {"group.id": f"it-{topic}"}, "max_retries": 1}
+        (handlers_of or ctx).spec,
+        topics=(topic,),
+        loop={"kafka": {"group.id": f"it-{topic}"}, "max_retries": 1, "contract_topics": {topic: "incidents"}},
     )
     return build_loop(ServiceContext(spec, ctx.settings, ctx.pool, ctx.serde))
 

@@ -267,6 +267,7 @@ def executor_loop(
         **LOOP,
         "backoff_initial": 0.01,
         "kafka": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+        "contract_topics": {topics[0]: "commands", topics[1]: "incidents"},
     }
     executor_spec = spec(
         target=lambda _: target, clock=clock, name=group, database=DB, topics=topics, publishes=False, loop=loop_config

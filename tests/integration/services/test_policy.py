@@ -110,7 +110,12 @@ def topic(stack: StackSettings) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def loop(stack: StackSettings, svc: ServiceContext, runtime: PolicyRuntime, topic: str) -> Iterator[ConsumerLoop]:
     # Its own group id: never join (and rebalance) a running policy service's group.
-    config = LoopConfig(name=f"policy-it-{uuid.uuid4().hex[:8]}", topics=(topic,), source=svc.source)
+    config = LoopConfig(
+        name=f"policy-it-{uuid.uuid4().hex[:8]}",
+        topics=(topic,),
+        source=svc.source,
+        contract_topics={topic: "incidents"},
+    )
     consumer = ConsumerLoop(config, stack, svc.serde, svc.pool, make_handlers(svc, runtime))
     yield consumer
     consumer.stop()
