@@ -103,6 +103,8 @@ class LoopConfig:
     # is read from; a loop reading copies of a contract topic from a topic of another name
     # (tests do) maps that name to the contract topic here.
     contract_topics: Mapping[str, str] = field(default_factory=dict)
+    # The topics handlers (and the loop's own reports) may emit to; None: not checked here.
+    emits: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -252,7 +254,7 @@ class ConsumerLoop:
     ) -> None:
         self.config = config
         self._serde = serde
-        self._outbox = Outbox(serde)
+        self._outbox = Outbox(serde, config.emits)
         self._pool = pool
         self._handlers = dict(handlers)
         self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets

@@ -10,9 +10,11 @@ raises and the transaction — state change included — never commits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from flotilla.envelope import CONTENT_TYPE, Envelope
 from flotilla.serde import AvroSerde
@@ -67,21 +69,55 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
     conn.execute(OUTBOX_MIGRATION)
 
 
+ALLOWLIST_CONSTRAINT = f"{OUTBOX_TABLE}_topic_allowed"
+
+
+def allow_topics(conn: psycopg.Connection[Any], topics: Sequence[str]) -> None:
+    """Let this database's outbox hold rows for ``topics`` only (idempotent, re-applied
+    at every start so a changed declaration takes effect).
+
+    The connector routes a row to whatever topic its ``aggregatetype`` names, so without
+    this any service's outbox could publish to ``commands``. The constraint makes that a
+    refused INSERT in the service's own database; ``NOT VALID`` leaves rows written before
+    it existed alone (they are history) while every new row is checked.
+    """
+    table, name = sql.Identifier(OUTBOX_TABLE), sql.Identifier(ALLOWLIST_CONSTRAINT)
+    allowed = sql.SQL(", ").join(sql.Literal(t) for t in sorted(set(topics)))
+    check = sql.SQL("aggregatetype IN ({})").format(allowed) if topics else sql.SQL("false")
+    with conn.transaction():
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(table, name))
+        conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK ({}) NOT VALID").format(table, name, check))
+
+
+class UndeclaredTopicError(RuntimeError):
+    """A service emitted to a topic it did not declare: a programming error, never data."""
+
+
 OutboxRow = tuple[Any, ...]
 
 
 class Outbox:
-    """Validated, serialized records into the outbox, inside the caller's transaction."""
+    """Validated, serialized records into the outbox, inside the caller's transaction.
 
-    def __init__(self, serde: AvroSerde) -> None:
+    ``topics`` are the topics this service may publish to (its ``ServiceSpec.emits``);
+    None leaves the choice to the database constraint alone (tools and tests).
+    """
+
+    def __init__(self, serde: AvroSerde, topics: Sequence[str] | None = None) -> None:
         self._serde = serde
+        self._topics = None if topics is None else frozenset(topics)
 
     def row(self, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> OutboxRow:
         """Serialize ``value`` as ``envelope.type`` for ``topic``: the row to insert.
 
         Raises RecordValidationError when the value does not match the registered schema,
-        so nothing invalid ever reaches the table.
+        so nothing invalid ever reaches the table, and UndeclaredTopicError for a topic the
+        service did not declare.
         """
+        if self._topics is not None and topic not in self._topics:
+            raise UndeclaredTopicError(
+                f"{envelope.source} may publish to {', '.join(sorted(self._topics)) or 'no topic'}, not to {topic!r}"
+            )
         payload = self._serde.serialize(topic, envelope.type, value)
         return (
             envelope.id,

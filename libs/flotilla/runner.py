@@ -27,7 +27,7 @@ from flotilla.bootstrap import bootstrap_outbox, ensure_database
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler
-from flotilla.outbox import Outbox
+from flotilla.outbox import Outbox, allow_topics
 from flotilla.serde import AvroSerde, registry_client
 from flotilla.service import ServiceSettings, create_app, database_ready, open_pool, serve_http
 
@@ -42,7 +42,7 @@ class ServiceContext:
         self.settings = settings
         self.pool = pool
         self.serde = serde
-        self.outbox = Outbox(serde)
+        self.outbox = Outbox(serde, spec.emits)
         self.source = f"/flotilla/{spec.name}"
         self.stopping = threading.Event()
 
@@ -91,6 +91,9 @@ class ServiceSpec:
     periodic: Sequence[Periodic] = ()
     routes: Routes | None = None
     publishes: bool = True  # has an outbox read by a Debezium connector
+    # The topics its outbox may publish to: checked when a record is emitted, and by a
+    # constraint on its outbox table. Only the policy service may write `commands`.
+    emits: tuple[str, ...] = ("incidents",)
     loop: Mapping[str, Any] = field(default_factory=dict)  # extra LoopConfig fields
 
 
@@ -102,6 +105,7 @@ def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
         ensure_database(settings, spec.database)
     with psycopg.connect(settings.pg_dsn(spec.database), autocommit=True) as conn:
         consumer.migrate(conn)
+        allow_topics(conn, spec.emits if spec.publishes else ())
         for sql in spec.migrations:
             conn.execute(sql)
     pool = open_pool(settings.model_copy(update={"service_database": spec.database}))
@@ -111,7 +115,7 @@ def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
 
 def build_loop(ctx: ServiceContext) -> ConsumerLoop:
     spec = ctx.spec
-    config = LoopConfig(name=spec.name, topics=spec.topics, source=ctx.source, **dict(spec.loop))
+    config = LoopConfig(name=spec.name, topics=spec.topics, source=ctx.source, emits=spec.emits, **dict(spec.loop))
     return ConsumerLoop(config, ctx.settings, ctx.serde, ctx.pool, spec.handlers(ctx))
 
 

@@ -39,4 +39,5 @@ def build_spec(runtime: PolicyRuntime | None = None, *, settings: PolicySettings
         migrations=(store.migration(),),
         periodic=((rt.sweep_seconds, expiry_sweep),),
         routes=routes,
+        emits=POLICY.emits,
     )

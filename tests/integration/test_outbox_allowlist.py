@@ -1,0 +1,102 @@
+"""Each service's outbox publishes only to the topics it declares (ServiceSpec.emits).
+
+The attack: a service that is not the policy service (here: a spec declared like the
+remediation agent's) writes a `commands` row to its own outbox — through the runtime, or
+with raw SQL as anyone holding its database role could. The runtime refuses the emit as a
+programming error, and the outbox table's constraint refuses the row, so the connector
+never sees a command from that database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from flotilla.bootstrap import drop_outbox
+from flotilla.outbox import ALLOWLIST_CONSTRAINT, UndeclaredTopicError
+from flotilla.runner import ServiceContext, ServiceSpec, prepare
+from flotilla.service import ServiceSettings
+from flotilla.settings import StackSettings
+from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
+from services.fleet import POLICY, REMEDIATION
+
+SCALE = "dev.flotilla.commands.ScaleService"
+DB = f"flotilla_it_allow_{uuid.uuid4().hex[:6]}"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def agent(stack: StackSettings) -> Iterator[ServiceContext]:
+    spec = ServiceSpec(name="it-allowlist-agent", database=DB, emits=REMEDIATION.emits)
+    ctx = prepare(spec, ServiceSettings(**stack.model_dump()))
+    yield ctx
+    ctx.pool.close()
+    drop_outbox(stack, DB)
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def _raw_row(conn: psycopg.Connection[object], topic: str) -> None:
+    """What anyone with the database role could write, bypassing the runtime."""
+    conn.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, ce_specversion, ce_source, ce_time,"
+        " ce_correlationid, ce_hops, ce_traceparent, content_type)"
+        " VALUES (%s, %s, 'production/checkout-api', %s, '\\x00', '1.0', '/forged', 'now', 'incident-1', '16',"
+        " '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', 'application/avro')",
+        (str(uuid.uuid4()), topic, SCALE),
+    )
+
+
+def test_the_remediation_agent_declares_incidents_only_and_policy_also_commands() -> None:
+    assert REMEDIATION.emits == ("incidents",)
+    assert set(POLICY.emits) == {"incidents", "commands"}
+
+
+def test_an_emit_to_an_undeclared_topic_is_a_programming_error(agent: ServiceContext) -> None:
+    value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
+    with agent.pool.connection() as conn, pytest.raises(UndeclaredTopicError, match="not to 'commands'"):
+        agent.emit(conn, topic="commands", key="production/checkout-api", record_type=SCALE, value={}, correlation="x")
+    with agent.pool.connection() as conn, conn.transaction():  # its own topic works
+        agent.emit(
+            conn,
+            topic="incidents",
+            key=env.correlationid,
+            record_type=SERVICE_LATENCY_INCREASED,
+            value={k: v for k, v in value.items() if k != "eventId"},
+            correlation=env.correlationid,
+        )
+
+
+def test_the_outbox_table_refuses_a_command_row_written_with_raw_sql(agent: ServiceContext) -> None:
+    with agent.pool.connection() as conn:
+        with pytest.raises(psycopg.errors.CheckViolation, match=ALLOWLIST_CONSTRAINT), conn.transaction():
+            _raw_row(conn, "commands")
+        with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+            _raw_row(conn, "incidents.dlq")
+        count = conn.execute("SELECT count(*) FROM outbox WHERE aggregatetype <> 'incidents'").fetchone()
+    assert count == (0,)
+
+
+def test_the_constraint_follows_the_declaration_at_every_start(stack: StackSettings, agent: ServiceContext) -> None:
+    """Declaring a topic (re-applied at start) lets rows for it in; nothing else changes."""
+    widened = ServiceSpec(name="it-allowlist-agent", database=DB, emits=POLICY.emits)
+    ctx = prepare(widened, ServiceSettings(**stack.model_dump()))
+    try:
+        # accepted now; rolled back so that nothing reaches the real commands topic
+        with ctx.pool.connection() as conn, pytest.raises(_RolledBack), conn.transaction():
+            _raw_row(conn, "commands")
+            raise _RolledBack
+    finally:
+        ctx.pool.close()
+    prepare(
+        ServiceSpec(name="it-allowlist-agent", database=DB, emits=REMEDIATION.emits),
+        ServiceSettings(**stack.model_dump()),
+    ).pool.close()
+    with agent.pool.connection() as conn, pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+        _raw_row(conn, "commands")
