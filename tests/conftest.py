@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -30,3 +31,19 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("FLOTILLA_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent" / "stack.env"))
+
+
+@pytest.fixture()
+def signing_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
+    """Fresh policy (command) and remediation (proposal) keys, named by the FLOTILLA_*
+    settings the services read, for tests that build the services' specs."""
+    from flotilla.keys import load_or_create, public_key_text
+
+    paths = {}
+    for purpose in ("authorization", "proposal"):
+        path = tmp_path / "secrets" / f"{purpose}-signing-key.pem"
+        key, _ = load_or_create(path)
+        monkeypatch.setenv(f"FLOTILLA_{purpose.upper()}_SIGNING_KEY_FILE", str(path))
+        monkeypatch.setenv(f"FLOTILLA_{purpose.upper()}_PUBLIC_KEYS", json.dumps([public_key_text(key.public_key())]))
+        paths[purpose] = path
+    return paths

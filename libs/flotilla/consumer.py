@@ -27,6 +27,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -41,7 +42,7 @@ from psycopg_pool import ConnectionPool
 from flotilla import dedupe, metrics
 from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
-from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
+from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused
 from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
 from flotilla.serde import AvroSerde, RegistryUnavailableError, SerdeError, UnknownSchemaIdError
 from flotilla.settings import StackSettings
@@ -69,6 +70,7 @@ BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
 INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
 REPORT_TOPIC = "incidents"
 ESCALATION_TARGET = "on-call"  # who an escalated incident is routed to
+_REPORT_IDS = uuid.UUID("3f0c2a6e-9b7d-4c1e-8a55-1d2e3f4a5b6c")  # namespace of refusal reports' ids
 
 
 @dataclass(frozen=True)
@@ -416,6 +418,9 @@ class ConsumerLoop:
                         self._apply(conn, it.incoming, _LiveStates(conn), pending)
                     Outbox.insert(conn, pending)
                 return None
+            except RecordRefused as exc:
+                self._report_refusal(conn, it.incoming, exc)
+                return self._letter(it.msg, exc.reason, exc)
             except (BusinessRuleViolation, SerdeError) as exc:
                 return self._letter(it.msg, Reason.INVALID_RECORD, exc)
             except psycopg.OperationalError:
@@ -586,6 +591,23 @@ class ConsumerLoop:
         )
         states.put(transition(state, INCIDENT_ESCALATED, event_id=incoming.envelope.id, at=now))
         metrics.BUDGETS_EXCEEDED.labels(self.config.name, exceeded.kind.value).inc()
+
+    def _report_refusal(self, conn: psycopg.Connection[Any], refused: Incoming, exc: RecordRefused) -> None:
+        """Emit the refusal's report (the refused record's own effects are rolled back)."""
+        if exc.report is None:
+            return
+        report = exc.report
+        envelope = refused.envelope.caused(
+            report.record_type,
+            self.config.source,
+            id=str(uuid.uuid5(_REPORT_IDS, f"{self.config.name}/{refused.envelope.id}")),
+        )
+        row = self._outbox.row(
+            topic=report.topic, key=report.key, value={"eventId": envelope.id, **report.value}, envelope=envelope
+        )
+        with conn.transaction():
+            Outbox.insert(conn, [row], if_absent=True)
+        metrics.count_produced(self.config.source, report.topic, report.record_type)
 
     def _report_loop(self, dropped: Incoming, pending: list[OutboxRow]) -> None:
         """A record whose hop budget is spent: count it and report it once, never handle it."""

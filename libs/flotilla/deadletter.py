@@ -23,6 +23,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_SCHEMA = "unknown-schema"  # the frame names a schema id the registry does not know
     INVALID_RECORD = "invalid-record"  # decodes, but breaks a business rule or its envelope
     RETRIES_EXHAUSTED = "retries-exhausted"  # the handler kept failing
+    UNAUTHORIZED = "unauthorized"  # decodes, but its signature does not hold (flotilla.authority)
 
 
 # Context header names, all prefixed so they never collide with ce_* attributes.

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from flotilla import metrics
+from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox, OutboxRow
 from flotilla.workflow import IncidentState
@@ -22,6 +23,32 @@ from flotilla.workflow import IncidentState
 
 class BusinessRuleViolation(Exception):
     """The record is well-formed but must not be acted on; it goes to the DLQ, no retry."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """A fact about a refused record, emitted although the record itself had no effect."""
+
+    topic: str
+    key: str
+    record_type: str
+    value: dict[str, Any]
+
+
+class RecordRefused(BusinessRuleViolation):
+    """The record must not be acted on, for ``reason`` (a dead-letter reason), and the
+    refusal itself is a fact worth publishing (``report``).
+
+    Everything the handler did is rolled back — including the record's dedupe claim, so a
+    copy re-queued later (say, once a missing key is trusted) is judged afresh — and the
+    report is emitted on its own, under an id derived from the refused record's, so a
+    redelivery refuses again without reporting twice.
+    """
+
+    def __init__(self, reason: Reason, message: str, report: Report | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.report = report
 
 
 @dataclass(frozen=True)

@@ -136,13 +136,15 @@ class Outbox:
         )
 
     @staticmethod
-    def insert(conn: psycopg.Connection[Any], rows: list[OutboxRow]) -> None:
-        """Insert prepared rows in order (one pipelined statement batch)."""
+    def insert(conn: psycopg.Connection[Any], rows: list[OutboxRow], *, if_absent: bool = False) -> None:
+        """Insert prepared rows in order (one pipelined statement batch). ``if_absent``: a
+        row whose id is already there is left alone (for ids derived, not drawn)."""
+        statement = _INSERT + " ON CONFLICT (id) DO NOTHING" if if_absent else _INSERT
         if len(rows) == 1:
-            conn.execute(_INSERT, rows[0])
+            conn.execute(statement, rows[0])
         elif rows:
             with conn.cursor() as cur:
-                cur.executemany(_INSERT, rows)
+                cur.executemany(statement, rows)
 
     def append(
         self,

@@ -34,6 +34,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
+from flotilla import commands
+from flotilla.authority import Unauthorized, verify_command
+from flotilla.keys import Keyring
 from flotilla.rawrecords import b64, jsonable
 from flotilla.runner import ServiceContext
 from flotilla.serde import (
@@ -206,6 +209,7 @@ class _RequeueProducer:
 
 def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], None]:
     tokens = OperatorTokens(settings.operator_tokens)
+    authority = Keyring.parse(settings.authorization_public_keys)
     if any(isinstance(t, str) and t.lower() == DEMO_OPERATOR_DIGEST for t in settings.operator_tokens):
         log.warning("the demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
 
@@ -291,9 +295,11 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
                     raise HTTPException(409, {"error": "already re-queued", **_summary(row)})
                 letter = _letter(row)
                 try:
-                    value, payload = requeue_payload(ctx.serde, letter, sanitized)
+                    value, payload = requeue_payload(ctx.serde, letter, sanitized, authority)
                 except RequeueRefused as exc:
                     raise HTTPException(422, {"error": str(exc), "problems": exc.problems}) from None
+                except RegistryUnavailableError as exc:
+                    raise HTTPException(503, {"error": str(exc)}) from None
                 origin = provenance(letter.dlq_topic, letter.dlq_partition, letter.dlq_offset)
                 headers = requeue_headers(letter.original_headers, requeued_from=origin, requeued_by=operator.name)
                 delivery = producer.send(letter.origin_topic, letter.origin_partition, letter.key, payload, headers)
@@ -340,12 +346,23 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
 
 
 def requeue_payload(
-    serde: AvroSerde, letter: DeadLetter, sanitized: dict[str, Any] | None
+    serde: AvroSerde, letter: DeadLetter, sanitized: dict[str, Any] | None, authority: Keyring | None = None
 ) -> tuple[dict[str, Any], bytes]:
     """The value to re-queue and its bytes, serialized against the registered schema of the
-    original record type on the origin topic; raises RequeueRefused saying what is wrong."""
+    original record type on the origin topic; raises RequeueRefused saying what is wrong.
+
+    A command goes back only unchanged and only with the policy service's signature intact
+    (checked against ``authority``): any edit would void the signature, and an operator's
+    token is not the policy service's authority."""
     envelope = check_envelope(letter.original_headers)
     record_type = envelope.type
+    is_command = commands.kind_of(record_type) is not None
+    if is_command and sanitized is not None:
+        raise RequeueRefused(
+            "a command cannot be sanitized: any change voids the policy service's signature; re-queue it "
+            "unchanged, or let a new proposal be decided",
+            ["value: commands are re-queued unchanged"],
+        )
     if sanitized is None:
         try:
             decoded = serde.deserialize(letter.value)
@@ -370,4 +387,17 @@ def requeue_payload(
         raise RequeueRefused(str(exc)) from exc
     except RecordValidationError as exc:
         raise RequeueRefused(str(exc), exc.problems) from exc
+    if is_command:
+        if authority is None or not authority:
+            raise RequeueRefused(
+                "no policy keys are configured here (FLOTILLA_AUTHORIZATION_PUBLIC_KEYS): no command can be re-queued"
+            )
+        try:
+            verify_command(authority, record_type, value)
+        except Unauthorized as exc:
+            raise RequeueRefused(
+                f"the command's policy authorization does not hold ({exc.refusal.value}): {exc}; "
+                "a re-queue never authorizes anything",
+                [f"authorization: {exc.refusal.value}"],
+            ) from exc
     return value, payload

@@ -74,10 +74,18 @@ class DeadLetter:
 
     @property
     def origin_topic(self) -> str:
-        named = self._context(deadletter.ORIGIN_TOPIC)
-        if named:
-            return named
+        """The topic the record came from: its DLQ topic's name without ``.dlq``.
+
+        Never the ``dlq_origin_topic`` header: anyone who can write to a DLQ can put any
+        topic there, and a re-queue sends the record back to this topic (a letter planted
+        on ``incidents.dlq`` must not be re-queued onto ``commands``)."""
         return self.dlq_topic.removesuffix(".dlq")
+
+    @property
+    def claimed_origin_topic(self) -> str | None:
+        """What the context header says, when it says something else (then it is tagged)."""
+        named = self._context(deadletter.ORIGIN_TOPIC)
+        return named if named and named != self.origin_topic else None
 
     @property
     def origin_partition(self) -> int | None:
@@ -157,6 +165,8 @@ class DeadLetter:
             tags["producer"] = producer
         if self.original_type:
             tags["recordType"] = self.original_type
+        if self.claimed_origin_topic is not None:
+            tags["claimedOrigin"] = clean_text(self.claimed_origin_topic.encode())[:200]
         requeued_from = first_header(self.original_headers, REQUEUED_FROM)
         if requeued_from:
             tags["requeuedFrom"] = requeued_from  # it failed again after an operator re-queued it

@@ -37,6 +37,10 @@ class DlqSettings(ServiceSettings):
     # An entry may also be {"name": "alice", "sha256": "<hex>"} to name the operator.
     operator_tokens: list[str | dict[str, str]] = Field(default_factory=_demo_tokens)
     requeue_timeout_seconds: float = 10.0
+    # The policy service's public keys (as the executor has them): a command is re-queued
+    # only with its signature intact, so a re-queue can never mint authority. Empty: no
+    # command can be re-queued at all.
+    authorization_public_keys: list[str] = Field(default_factory=list)
 
 
 def load_settings(**overrides: Any) -> DlqSettings:

@@ -76,6 +76,7 @@ STALE_FENCING_TOKEN = "StaleFencingToken"
 TARGET_REJECTED = "TargetRejected"
 TARGET_UNAVAILABLE = "TargetUnavailable"
 PROPOSAL_ABORTED = "ProposalAborted"
+KEY_CONFLICT = "KeyConflict"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The executor's handlers: boring on purpose.
 
-A command: replay → nothing; proposal no longer open → refused; otherwise run it once
-under the resource's lease, report RecoveryExecuted or CommandFailed, and if it failed,
-undo the proposal's completed steps. A RecoveryFailed: undo the proposal's completed
+A command: not signed by the policy service → refused (CommandRejected, dead letter);
+its idempotency key already belongs to another command → refused (CommandFailed
+KeyConflict, naming both); replay → nothing; proposal no longer open → refused;
+otherwise run it once under the resource's lease, report RecoveryExecuted or
+CommandFailed, and if it failed, undo the proposal's completed steps. A RecoveryFailed: undo the proposal's completed
 steps. A RecoveryCompleted: the proposal is done, nothing to undo any more.
 
 Leases, idempotency, the target and compensation live in their own modules; the
@@ -20,15 +22,26 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from prometheus_client import Counter
+
+from flotilla.authority import Authorized, Unauthorized, verify_command
 from flotilla.consumer import ESCALATION_TARGET
+from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
-from flotilla.handling import Handler, HandlerContext
-from services.executor import commands, compensation, idempotency, outcomes, saga
-from services.executor.execution import PROPOSAL_ABORTED, Applied, Executor, Failed, Session
+from flotilla.handling import Handler, HandlerContext, RecordRefused, Report
+from flotilla.keys import Keyring
+from services.executor import commands, compensation, execution, idempotency, outcomes, saga
+from services.executor.execution import KEY_CONFLICT, PROPOSAL_ABORTED, Applied, Executor, Failed, Session
 from services.executor.outcomes import TOPIC
 from services.executor.saga import Saga, SagaStatus
 
 log = logging.getLogger(__name__)
+
+UNAUTHORIZED = Counter(
+    "flotilla_executor_unauthorized_commands_total",
+    "Commands refused because their policy authorization does not hold, by refusal.",
+    ["refusal"],
+)
 
 
 def _utcnow() -> datetime:
@@ -38,8 +51,9 @@ def _utcnow() -> datetime:
 class ExecutorHandlers:
     """The handlers of one executor process, bound to its Executor and clock."""
 
-    def __init__(self, executor: Executor, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(self, executor: Executor, keyring: Keyring, clock: Callable[[], datetime] = _utcnow) -> None:
         self.executor = executor
+        self.keyring = keyring
         self.clock = clock
 
     def mapping(self) -> dict[str, Handler]:
@@ -51,6 +65,7 @@ class ExecutorHandlers:
     # -------------------------------------------------------------- handlers
 
     def on_command(self, ctx: HandlerContext) -> None:
+        self._authorize(ctx)  # before anything else: a lease is only ever taken for the policy's commands
         self.executor.bound_handler_transaction(ctx.conn)
         step = commands.from_record(ctx.incoming.record_type, ctx.incoming.value)
         if ctx.incoming.key is not None and ctx.incoming.key != step.resource:
@@ -58,6 +73,9 @@ class ExecutorHandlers:
                 "%s arrived keyed %r, not by its resource %s", step.idempotency_key, ctx.incoming.key, step.resource
             )
         recorded = idempotency.find(ctx.conn, step.idempotency_key)
+        if recorded is not None and recorded.command_id != step.command_id:
+            self._refuse_key_conflict(ctx, step, recorded)
+            return
         if recorded is not None and recorded.settled:
             log.info("%s already %s: nothing to do", step.idempotency_key, recorded.state.value)
             return
@@ -96,6 +114,49 @@ class ExecutorHandlers:
             saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPLETED, "recovery verified")
 
     # -------------------------------------------------------------- pieces
+
+    def _authorize(self, ctx: HandlerContext) -> Authorized:
+        """The policy service's signature on the command, or a refusal: nothing is run, a
+        CommandRejected fact is emitted and the record is dead-lettered."""
+        incoming = ctx.incoming
+        try:
+            return verify_command(self.keyring, incoming.record_type, incoming.value)
+        except Unauthorized as exc:
+            UNAUTHORIZED.labels(exc.refusal.value).inc()
+            log.warning("refused %s %s: %s", incoming.record_type, incoming.envelope.id, exc)
+            report = outcomes.command_rejected(
+                incoming.record_type,
+                incoming.value,
+                refusal=exc.refusal.value,
+                reason=str(exc),
+                key_id=exc.key_id,
+                producer=incoming.envelope.source,
+                origin=(incoming.topic, incoming.partition, incoming.offset),
+                at=self.clock(),
+            )
+            incident = report["incidentId"]
+            raise RecordRefused(
+                Reason.UNAUTHORIZED,
+                f"{incoming.record_type} {incoming.envelope.id} refused ({exc.refusal.value}): {exc}",
+                Report(TOPIC, incident, outcomes.COMMAND_REJECTED, report),
+            ) from exc
+
+    def _refuse_key_conflict(self, ctx: HandlerContext, step: commands.Step, recorded: idempotency.Execution) -> None:
+        """Another command already holds this idempotency key: never run, never dropped
+        silently — reported as failed, naming both commands, and the proposal undone."""
+        message = (
+            f"idempotency key {step.idempotency_key} already belongs to command {recorded.command_id} "
+            f"(proposal {recorded.proposal_id}, {recorded.state.value}); command {step.command_id} "
+            f"(proposal {step.proposal_id}) reuses it and was not run"
+        )
+        log.error("%s", message)
+        execution.ACTIONS.labels(step.action, KEY_CONFLICT).inc()
+        failure = self._report_failed(ctx, Failed(step, KEY_CONFLICT, message, retryable=False))
+        proposal = saga.join(ctx.conn, step)
+        if proposal.open:
+            session = self.executor.session()
+            self._compensate(ctx, session, proposal, cause=failure, trigger=f"{step.idempotency_key} conflicts")
+            session.record(ctx.conn)
 
     def _compensate(
         self, ctx: HandlerContext, session: Session, proposal: Saga, *, cause: Envelope, trigger: str

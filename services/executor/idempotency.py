@@ -137,9 +137,12 @@ def begin(conn: psycopg.Connection[Any], step: Step, lease: Lease) -> Begun | Ex
         return Begun(created, in_doubt=False)
     if found.settled:
         return found
-    if found.resource != step.resource:
+    if found.resource != step.resource or found.command_id != step.command_id:
+        # The handler refuses a reused key before it gets here; this is the race of two
+        # commands claiming one key at once: the loser is dead-lettered, loudly.
         raise BusinessRuleViolation(
-            f"idempotency key {step.idempotency_key!r} belongs to {found.resource}, not {step.resource}"
+            f"idempotency key {step.idempotency_key!r} belongs to command {found.command_id} on {found.resource}, "
+            f"not to command {step.command_id} on {step.resource}"
         )
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(

@@ -19,6 +19,7 @@ COMPENSATION_COMPLETED = _NS + "CompensationCompleted"
 INCIDENT_ESCALATED = _NS + "IncidentEscalated"
 RECOVERY_FAILED = _NS + "RecoveryFailed"
 RECOVERY_COMPLETED = _NS + "RecoveryCompleted"
+COMMAND_REJECTED = _NS + "CommandRejected"
 TOPIC = "incidents"
 
 
@@ -113,4 +114,34 @@ def incident_escalated(
         "causeType": cause_type,
         "escalatedTo": escalated_to,
         "escalatedAt": _millis(at),
+    }
+
+
+def command_rejected(
+    record_type: str,
+    command: Mapping[str, Any],
+    *,
+    refusal: str,
+    reason: str,
+    key_id: str | None,
+    producer: str,
+    origin: tuple[str, int, int],
+    at: datetime,
+) -> dict[str, Any]:
+    """The CommandRejected value for a command whose authorization does not hold."""
+    topic, partition, offset = origin
+    return {
+        "incidentId": str(command["incidentId"]),
+        "commandId": str(command["commandId"]),
+        "commandType": record_type,
+        "idempotencyKey": str(command["idempotencyKey"]),
+        "target": {k: str(command["target"][k]) for k in ("kind", "environment", "name")},
+        "refusal": refusal,
+        "reason": reason,
+        "keyId": key_id,
+        "producer": producer,
+        "originTopic": topic,
+        "originPartition": partition,
+        "originOffset": offset,
+        "rejectedAt": _millis(at),
     }

@@ -53,7 +53,8 @@ def spec(
         settings = executor_settings(ctx)
         action_target = target(settings) if target is not None else settings.build_target()
         executor = Executor(ctx.pool, action_target, settings.executor_config())
-        return ExecutorHandlers(executor, clock or (lambda: datetime.now(UTC))).mapping()
+        keyring = settings.authorization_keyring()
+        return ExecutorHandlers(executor, keyring, clock or (lambda: datetime.now(UTC))).mapping()
 
     fields: dict[str, Any] = {
         "name": EXECUTOR.name,

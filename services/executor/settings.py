@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.executor.execution import ExecutorConfig
@@ -40,6 +41,9 @@ class ExecutorSettings(ServiceSettings):
     executor_target_backoff_seconds: float = Field(0.5, ge=0)
     executor_target_timeout_seconds: float = Field(5.0, gt=0)
     executor_target: Literal["sim", "kubernetes"] = "sim"
+    # The policy service's public keys (flotilla.keys: "ed25519:<base64>", PEM, or a file
+    # of them): a command runs only if one of them signed it. Several: key rotation.
+    authorization_public_keys: list[str] = Field(default_factory=list)
 
     sim_url: str = "http://127.0.0.1:18110"
     kubernetes_api_url: str = "https://kubernetes.default.svc"
@@ -51,6 +55,16 @@ class ExecutorSettings(ServiceSettings):
     def load(cls, **overrides: Any) -> ExecutorSettings:
         path = default_env_file()
         return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
+
+    def authorization_keyring(self) -> Keyring:
+        """The trusted policy keys; refuses to go on without one (fail closed)."""
+        keyring = Keyring.parse(self.authorization_public_keys)
+        if not keyring:
+            raise ValueError(
+                "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS is empty: the executor runs only commands the policy service "
+                "signed, so it needs the policy service's public key(s) (python -m flotilla.keys public <key file>)"
+            )
+        return keyring
 
     def executor_config(self) -> ExecutorConfig:
         return ExecutorConfig(

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from prometheus_client import Counter, Gauge
 
+from flotilla.authority import Grant
 from flotilla.envelope import Envelope
 from flotilla.runner import ServiceContext
 from flotilla.workflow import WorkflowStore
@@ -124,7 +125,7 @@ def _decide(
                     "policy no longer allows this plan: " + "; ".join(recheck.reasons),
                     policy_ids=recheck.policy_ids,
                 )
-            return _approve(svc, conn, locked, person, person_check.policy_ids, now)
+            return _approve(svc, runtime, conn, locked, person, person_check.policy_ids, now)
         return _reject(svc, conn, locked, person, reason, now)
 
 
@@ -152,6 +153,7 @@ def _about(
 
 def _approve(
     svc: ServiceContext,
+    runtime: PolicyRuntime,
     conn: psycopg.Connection[Any],
     proposal: store.StoredProposal,
     person: Person,
@@ -177,7 +179,16 @@ def _approve(
         cause=proposal.request_envelope(),
     )
     issued = records.issue_commands(
-        svc.outbox, conn, cause=approved, source=svc.source, commands=proposal.command_records()
+        svc.outbox,
+        conn,
+        cause=approved,
+        source=svc.source,
+        commands=proposal.command_records(),
+        signer=runtime.signer,
+        decision=Grant.APPROVED,
+        approved_by=person.name,
+        proposal_digest=proposal.digest,
+        at=now,
     )
     log.info("proposal %s approved by %s: %d command(s) issued", proposal.proposal_id, person.name, len(issued))
     return Decided(

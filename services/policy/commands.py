@@ -15,21 +15,11 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from flotilla.commands import COMMON_FIELDS, KINDS
 from flotilla.digest import canonical_json
 
-COMMANDS_TOPIC = "commands"
-COMMAND_NAMESPACE = "dev.flotilla.commands"
-
-# Fields every command has; each kind adds its own (and nothing else).
-COMMON_FIELDS = frozenset(
-    {"commandId", "idempotencyKey", "incidentId", "proposalId", "target", "issuedAt", "expiresAt"}
-)
-KIND_FIELDS: dict[str, frozenset[str]] = {
-    "ScaleService": frozenset({"replicas"}),
-    "RestartService": frozenset({"rolling"}),
-    "RollbackDeployment": frozenset({"toRevision"}),
-    "FailoverDependency": frozenset({"dependency", "toTarget"}),
-}
+# Each kind's own fields, from the one definition of the commands.
+KIND_FIELDS: dict[str, frozenset[str]] = {kind: frozenset(own) for kind, (_, own) in KINDS.items()}
 
 
 class MalformedStep(ValueError):
@@ -43,16 +33,6 @@ def command_kind(step: Mapping[str, Any]) -> str:
     if len(matches) != 1:
         raise MalformedStep(f"step fields {sorted(fields)} match no single command kind")
     return matches[0]
-
-
-def command_type(kind: str) -> str:
-    """The record's full name, which is also its ce_type."""
-    return f"{COMMAND_NAMESPACE}.{kind}"
-
-
-def resource_key(target: Mapping[str, Any]) -> str:
-    """``<environment>/<name>``: the Kafka key on ``commands`` and the unit of "current"."""
-    return f"{target['environment']}/{target['name']}"
 
 
 def canonical_step(step: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,10 @@ from datetime import datetime, timedelta
 
 from prometheus_client import Counter
 
+from flotilla.authority import Grant, Unauthorized, verify_proposal
+from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
-from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext
+from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, RecordRefused
 from flotilla.runner import ServiceContext
 from services.policy import records, store
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
@@ -31,6 +33,11 @@ from services.policy.runtime import PolicyRuntime
 log = logging.getLogger(__name__)
 
 DECISIONS = Counter("flotilla_policy_decisions_total", "Policy decisions on proposals", ["outcome", "dry_run"])
+FORGED = Counter(
+    "flotilla_policy_unattested_proposals_total",
+    "Proposals refused because no trusted remediation agent signed them, by refusal.",
+    ["refusal"],
+)
 
 
 def approval_deadline(now: datetime, ttl_seconds: float, proposal: Proposal) -> datetime:
@@ -55,6 +62,13 @@ def make_handlers(svc: ServiceContext, runtime: PolicyRuntime) -> Mapping[str, H
 
 
 def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerContext) -> None:
+    try:
+        # First: whatever else it says, a proposal no remediation agent signed is nobody's
+        # (its proposedBy and confidence are anyone's to write) and supersedes nothing.
+        verify_proposal(runtime.proposers, ctx.incoming.value)
+    except Unauthorized as exc:
+        FORGED.labels(exc.refusal.value).inc()
+        raise RecordRefused(Reason.UNAUTHORIZED, f"RecoveryProposed refused ({exc.refusal.value}): {exc}") from exc
     try:
         proposal = read_proposal(ctx.incoming.value, correlation_id=ctx.incoming.envelope.correlationid)
     except InvalidProposal as exc:
@@ -105,6 +119,11 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
             cause=approved,
             source=svc.source,
             commands=[command_record(step) for step in proposal.steps],
+            signer=runtime.signer,
+            decision=Grant.AUTO,
+            approved_by=svc.spec.name,
+            proposal_digest=proposal.digest,
+            at=now,
         )
     elif decision.outcome is Outcome.HUMAN:
         status = ProposalStatus.PENDING

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flotilla.digest import command_digest
+from flotilla.commands import idempotency_key
+from flotilla.digest import AUTHORIZATION_FIELD, command_digest, without_authorization
 from services.policy.commands import KIND_FIELDS, MalformedStep, canonical_step, command_kind, summarize
 from services.policy.decide import ProposalFacts, StepFacts, Target, distinct_targets
 
@@ -81,7 +82,11 @@ def read_proposal(value: Mapping[str, Any], *, correlation_id: str) -> Proposal:
     proposal_id = str(value["proposalId"])
     if incident != correlation_id:
         raise InvalidProposal(f"incidentId {incident} differs from ce_correlationid {correlation_id}")
-    raw_steps = list(value["steps"])
+    raw_steps = []
+    for index, raw in enumerate(value["steps"]):
+        if raw.get(AUTHORIZATION_FIELD) is not None:
+            raise InvalidProposal(f"step {index} carries an authorization: only the policy service authorizes")
+        raw_steps.append(without_authorization(raw))
     if not raw_steps:
         raise InvalidProposal("a proposal needs at least one step")
     try:
@@ -93,12 +98,22 @@ def read_proposal(value: Mapping[str, Any], *, correlation_id: str) -> Proposal:
     kinds = []
     steps = []
     command_ids: set[str] = set()
+    keys: set[str] = set()
     for index, raw in enumerate(raw_steps):
         try:
-            kinds.append(command_kind(raw))
+            kind = command_kind(raw)
         except MalformedStep as exc:
             raise InvalidProposal(f"step {index}: {exc}") from None
+        kinds.append(kind)
         step = canonical_step(raw)
+        # The one key of this step (flotilla.commands): a key chosen any other way could be
+        # another proposal's, and the executor would take it for that command's replay.
+        derived = idempotency_key(kind, step)
+        if step["idempotencyKey"] != derived:
+            raise InvalidProposal(f"step {index}: idempotency key {step['idempotencyKey']!r} is not {derived!r}")
+        if derived in keys:
+            raise InvalidProposal(f"step {index} repeats idempotency key {derived!r}")
+        keys.add(derived)
         if step["incidentId"] != incident:
             raise InvalidProposal(f"step {index} belongs to incident {step['incidentId']}, not {incident}")
         if step["proposalId"] != proposal_id:

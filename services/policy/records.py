@@ -14,9 +14,12 @@ from typing import Any
 
 import psycopg
 
+from flotilla.authority import Grant, Signer, authorize_command
+from flotilla.commands import COMMANDS_TOPIC, resource_key
+from flotilla.commands import record_type as command_type
 from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox
-from services.policy.commands import COMMANDS_TOPIC, command_kind, command_type, resource_key
+from services.policy.commands import command_kind
 
 INCIDENTS_TOPIC = "incidents"
 _FACT = "dev.flotilla.incidents."
@@ -130,13 +133,34 @@ def incident_escalated(*, incident: str, reason: str, cause: Envelope, at: datet
 
 
 def issue_commands(
-    outbox: Outbox, conn: psycopg.Connection[Any], *, cause: Envelope, source: str, commands: Sequence[dict[str, Any]]
+    outbox: Outbox,
+    conn: psycopg.Connection[Any],
+    *,
+    cause: Envelope,
+    source: str,
+    commands: Sequence[dict[str, Any]],
+    signer: Signer,
+    decision: Grant,
+    approved_by: str,
+    proposal_digest: str,
+    at: datetime,
 ) -> list[Envelope]:
-    """Append each command to ``commands``, keyed by its target, caused by ``cause`` (the
-    RecoveryApproved), with ``ce_id`` = its ``commandId``. In the caller's transaction."""
+    """Sign each command (the executor runs nothing else) and append it to ``commands``,
+    keyed by its target, caused by ``cause`` (the RecoveryApproved), with ``ce_id`` = its
+    ``commandId``. In the caller's transaction."""
     issued = []
     for command in commands:
-        envelope = cause.caused(command_type(command_kind(command)), source, id=str(command["commandId"]))
-        outbox.append(conn, topic=COMMANDS_TOPIC, key=resource_key(command["target"]), value=command, envelope=envelope)
+        record_type = command_type(command_kind(command))
+        signed = authorize_command(
+            signer,
+            record_type,
+            command,
+            decision=decision,
+            approved_by=approved_by,
+            proposal_digest=proposal_digest,
+            now=at,
+        )
+        envelope = cause.caused(record_type, source, id=str(command["commandId"]))
+        outbox.append(conn, topic=COMMANDS_TOPIC, key=resource_key(command["target"]), value=signed, envelope=envelope)
         issued.append(envelope)
     return issued

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flotilla.authority import Signer
+from flotilla.keys import Keyring
 from services.policy.auth import TokenStore
 from services.policy.decide import POLICY_DIR, PolicyEngine
 from services.policy.inventory import Inventory, NoInventory, SimInventory
@@ -15,6 +17,8 @@ class PolicyRuntime:
     engine: PolicyEngine
     inventory: Inventory
     tokens: TokenStore
+    signer: Signer  # signs the commands this service authorizes
+    proposers: Keyring  # whose proposals it decides on
     approval_ttl_seconds: float = 900.0
     sweep_seconds: float = 1.0
     dry_run: bool = False
@@ -34,6 +38,8 @@ class PolicyRuntime:
             engine=engine,
             inventory=inventory,
             tokens=tokens,
+            signer=settings.authorization_signer(),
+            proposers=settings.proposer_keyring(),
             approval_ttl_seconds=settings.approval_ttl_seconds,
             sweep_seconds=settings.approval_sweep_seconds,
             dry_run=settings.policy_dry_run,

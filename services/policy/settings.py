@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.authority import Signer
+from flotilla.keys import Keyring, load_private_key
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.fleet import POLICY, SIM, url
@@ -36,6 +39,13 @@ class PolicySettings(ServiceSettings):
     sim_url: str = url(SIM)
     inventory_timeout_seconds: float = 1.0
 
+    # The Ed25519 key the policy service signs every command it authorizes with (the
+    # executor runs nothing else); a file or mounted Secret, never the repository.
+    authorization_signing_key_file: Path | None = None
+    # The remediation agents' public keys: a proposal is decided on only if one of them
+    # attested it (flotilla.keys: "ed25519:<base64>", PEM, or a file of them).
+    proposal_public_keys: list[str] = Field(default_factory=list)
+
     approval_ttl_seconds: float = 900.0
     approval_sweep_seconds: float = 1.0
     approval_required_role: str = "approver"
@@ -44,6 +54,25 @@ class PolicySettings(ServiceSettings):
     def load(cls, **overrides: Any) -> PolicySettings:
         path = default_env_file()
         return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
+
+    def authorization_signer(self) -> Signer:
+        """The command-signing key; refuses to go on without one (fail closed)."""
+        if self.authorization_signing_key_file is None:
+            raise ValueError(
+                "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE is not set: the policy service signs every command it "
+                "authorizes, and the executor runs nothing unsigned (python -m flotilla.keys generate <file>)"
+            )
+        return Signer(load_private_key(self.authorization_signing_key_file))
+
+    def proposer_keyring(self) -> Keyring:
+        """The agents' proposal keys; refuses to go on without one (fail closed)."""
+        keyring = Keyring.parse(self.proposal_public_keys)
+        if not keyring:
+            raise ValueError(
+                "FLOTILLA_PROPOSAL_PUBLIC_KEYS is empty: proposals are decided on only when a remediation agent "
+                "signed them, so the policy service needs the agents' public key(s)"
+            )
+        return keyring
 
     def token_store(self) -> tuple[TokenStore, bool]:
         """The configured users, and whether they are the demo defaults."""

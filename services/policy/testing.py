@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from flotilla.commands import idempotency_key
 from flotilla.digest import command_digest
 
 AGENT = "remediation-agent-1"
@@ -36,21 +37,17 @@ def step(
         "RollbackDeployment": {"toRevision": "r41"},
         "FailoverDependency": {"dependency": "payments-db", "toTarget": "payments-db-replica"},
     }
-    own = {**defaults[kind], **params}
-    action = {"ScaleService": "scale", "RestartService": "restart", "RollbackDeployment": "rollback"}.get(
-        kind, "failover"
-    )
-    key_params = ":".join(str(v).lower() if isinstance(v, bool) else str(v) for v in own.values())
-    return {
+    value: dict[str, Any] = {
         "commandId": str(uuid.uuid4()),
-        "idempotencyKey": f"{incident}:{action}:{key_params}",
         "incidentId": incident,
         "proposalId": proposal,
         "target": {"kind": "service", "environment": environment, "name": name},
-        **own,
+        **defaults[kind],
+        **params,
         "issuedAt": issued_at,
         "expiresAt": issued_at + ttl,
     }
+    return {"idempotencyKey": idempotency_key(kind, value), **value}
 
 
 def proposal(

@@ -16,6 +16,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from flotilla.authority import Signer, attest_proposal
 from flotilla.digest import canonical_json
 from flotilla.handling import Handler, HandlerContext
 from flotilla.runner import ServiceContext
@@ -29,7 +30,7 @@ from services.reasoner.records import (
     diagnosis_from_record,
     escalation_record,
 )
-from services.remediation_agent.plan import proposal_value
+from services.remediation_agent.plan import InvalidPlan, proposal_value
 from services.remediation_agent.settings import RemediationSettings
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,11 @@ log = logging.getLogger(__name__)
 class RemediationAgent:
     """The agent's behaviour; the ServiceSpec wires it to the runtime."""
 
-    def __init__(self, settings: RemediationSettings, reasoner: Reasoner, sim: SimClient) -> None:
+    def __init__(self, settings: RemediationSettings, reasoner: Reasoner, sim: SimClient, signer: Signer) -> None:
         self.settings = settings
         self.reasoner = reasoner
         self.sim = sim
+        self.signer = signer  # attests every proposal: the policy service believes nothing else
         self.proposed_by = settings.instance_id or settings.service_name
 
     def handlers(self, ctx: ServiceContext) -> dict[str, Handler]:
@@ -56,32 +58,42 @@ class RemediationAgent:
         except ReasoningFailed as failure:
             log.warning("%s: %s reasoner failed: %s", diagnosis.incident_id, failure.reasoner, failure.reason)
             ctx.spend_tokens(failure.usage.total)
-            value = escalation_record(
-                diagnosis.incident_id,
-                reason=escalation_reason(failure, "propose a recovery"),
-                cause_event_id=ctx.incoming.envelope.id,
-                cause_type=ctx.incoming.record_type,
-                now=now,
-            )
-            envelope = ctx.emit(INCIDENTS, diagnosis.incident_id, INCIDENT_ESCALATED, value)
-            record_failure(
-                ctx.conn, incident_id=diagnosis.incident_id, escalation_event_id=envelope.id, failure=failure
-            )
+            self._escalate(ctx, diagnosis.incident_id, failure, escalation_reason(failure, "propose a recovery"), now)
             return
         ctx.spend_tokens(proposal.reasoning.usage.total)
-        self._propose(ctx, proposal, diagnosis.service, now)
+        try:
+            value = proposal_value(
+                proposal,
+                proposal_id=str(uuid.uuid4()),
+                proposed_by=self.proposed_by,
+                now=now,
+                ttl=timedelta(seconds=self.settings.command_ttl_seconds),
+            )
+        except InvalidPlan as exc:
+            # Asking the reasoner again would give the same plan: a person takes over.
+            unplannable = ReasoningFailed(
+                str(exc), reasoner=proposal.reasoning.reasoner, usage=proposal.reasoning.usage
+            )
+            reason = f"the recovery plan cannot be proposed: {exc}"
+            self._escalate(ctx, diagnosis.incident_id, unplannable, reason, now)
+            return
+        self._propose(ctx, proposal, attest_proposal(self.signer, value, now=now))
 
-    def _propose(self, ctx: HandlerContext, proposal: Proposal, diagnosed_service: str, now: datetime) -> None:
-        proposal_id = str(uuid.uuid4())
-        ttl = timedelta(seconds=self.settings.command_ttl_seconds)
-        value = proposal_value(
-            proposal,
-            proposal_id=proposal_id,
-            proposed_by=self.proposed_by,
-            diagnosed_service=diagnosed_service,
+    def _escalate(
+        self, ctx: HandlerContext, incident: str, failure: ReasoningFailed, reason: str, now: datetime
+    ) -> None:
+        value = escalation_record(
+            incident,
+            reason=reason,
+            cause_event_id=ctx.incoming.envelope.id,
+            cause_type=ctx.incoming.record_type,
             now=now,
-            ttl=ttl,
         )
+        envelope = ctx.emit(INCIDENTS, incident, INCIDENT_ESCALATED, value)
+        record_failure(ctx.conn, incident_id=incident, escalation_event_id=envelope.id, failure=failure)
+
+    def _propose(self, ctx: HandlerContext, proposal: Proposal, value: dict[str, Any]) -> None:
+        proposal_id = value["proposalId"]
         envelope = ctx.emit(INCIDENTS, proposal.incident_id, RECOVERY_PROPOSED, value)
         steps: list[dict[str, Any]] = value["steps"]
         usage = proposal.reasoning.usage

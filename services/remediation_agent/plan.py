@@ -1,14 +1,11 @@
 """From a reasoner's plan to the exact commands a proposal carries (pure).
 
-Every command gets a fresh ``commandId`` and an idempotency key derived from what it
-does, never from when or by whom: ``<incidentId>:<action>:<params>`` — e.g.
-``incident-204:scale:12`` — so a revised proposal for the same incident that asks for
-the same effect carries the same key and the executor applies it at most once. A step
-on a service other than the one diagnosed names it (``incident-204:scale:search-api:3``)
-so two steps of one plan never share a key. The digest an approver signs is
-``flotilla.digest.command_digest`` over these steps; timestamps are cut to milliseconds
-first, as Avro's timestamp-millis carries them, so the digest computed from a decoded
-record is the same.
+Every command gets a fresh ``commandId`` and the one idempotency key of its step
+(:func:`flotilla.commands.idempotency_key`: incident, proposal, action, target, params —
+e.g. ``incident-204:<proposal id>:scale:checkout-api:12``), which the policy service checks
+before it decides. The digest an approver signs is ``flotilla.digest.command_digest``
+over these steps; timestamps are cut to milliseconds first, as Avro's timestamp-millis
+carries them, so the digest computed from a decoded record is the same.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from flotilla.commands import idempotency_key
 from flotilla.digest import command_digest
 from services.reasoner.model import Action, PlannedStep, Proposal
 
@@ -37,20 +35,8 @@ def to_millis(at: datetime) -> datetime:
     return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
-def _params_text(action: Action, params: Mapping[str, Any]) -> str:
-    if action is Action.SCALE:
-        return str(int(params["replicas"]))
-    if action is Action.RESTART:
-        return "rolling" if params["rolling"] else "all"
-    if action is Action.ROLLBACK:
-        return str(params["toRevision"])
-    return f"{params['dependency']}:{params['toTarget']}"
-
-
-def idempotency_key(incident_id: str, action: Action, params: Mapping[str, Any], *, service: str | None = None) -> str:
-    """``<incidentId>:<action>[:<service>]:<params>``: the same effect, the same key."""
-    where = f"{service}:" if service else ""
-    return f"{incident_id}:{action.value}:{where}{_params_text(action, params)}"
+class InvalidPlan(ValueError):
+    """The reasoner's plan cannot become a proposal (two steps would be one command)."""
 
 
 def command_record(
@@ -58,17 +44,13 @@ def command_record(
     *,
     incident_id: str,
     proposal_id: str,
-    diagnosed_service: str,
     issued_at: datetime,
     ttl: timedelta,
 ) -> dict[str, Any]:
     """One step as the command record a proposal carries (and policy later authorizes)."""
     issued = to_millis(issued_at)
-    return {
+    record: dict[str, Any] = {
         "commandId": str(uuid.uuid4()),
-        "idempotencyKey": idempotency_key(
-            incident_id, step.action, step.params, service=None if step.service == diagnosed_service else step.service
-        ),
         "incidentId": incident_id,
         "proposalId": proposal_id,
         "target": {"kind": RESOURCE_KIND, "environment": step.environment, "name": step.service},
@@ -76,6 +58,8 @@ def command_record(
         "issuedAt": issued,
         "expiresAt": issued + ttl,
     }
+    kind = COMMAND_TYPES[step.action].rsplit(".", 1)[-1]
+    return {"idempotencyKey": idempotency_key(kind, record), **record}
 
 
 def proposal_value(
@@ -83,25 +67,17 @@ def proposal_value(
     *,
     proposal_id: str,
     proposed_by: str,
-    diagnosed_service: str,
     now: datetime,
     ttl: timedelta,
 ) -> dict[str, Any]:
-    """The RecoveryProposed value (eventId is added when it is emitted)."""
+    """The RecoveryProposed value (eventId and attestation are added when it is emitted)."""
     steps = [
-        command_record(
-            step,
-            incident_id=proposal.incident_id,
-            proposal_id=proposal_id,
-            diagnosed_service=diagnosed_service,
-            issued_at=now,
-            ttl=ttl,
-        )
+        command_record(step, incident_id=proposal.incident_id, proposal_id=proposal_id, issued_at=now, ttl=ttl)
         for step in proposal.steps
     ]
     keys = [s["idempotencyKey"] for s in steps]
     if len(set(keys)) != len(keys):
-        raise ValueError(f"two steps of one plan would share an idempotency key: {keys}")
+        raise InvalidPlan(f"two steps of the plan are the same command: {keys}")
     return {
         "incidentId": proposal.incident_id,
         "proposalId": proposal_id,

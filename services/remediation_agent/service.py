@@ -25,6 +25,7 @@ def build_spec(
         settings,
         reasoner or make_reasoner(settings),
         sim or SimClient(settings.sim_url, timeout=settings.sim_timeout_seconds),
+        settings.proposal_signer(),
     )
     spec = ServiceSpec(
         name=fleet.REMEDIATION.name,

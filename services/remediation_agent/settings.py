@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.authority import Signer
+from flotilla.keys import load_private_key
 from services import fleet
 from services.reasoner.settings import AgentSettings
 
@@ -18,3 +22,15 @@ class RemediationSettings(AgentSettings):
 
     # A proposed command expires this long after it was issued; the executor refuses it then.
     command_ttl_seconds: int = Field(900, gt=0)
+    # The Ed25519 key this agent signs its proposals with: the policy service decides only
+    # on proposals a trusted agent signed (a file or mounted Secret, never the repository).
+    proposal_signing_key_file: Path | None = None
+
+    def proposal_signer(self) -> Signer:
+        """The proposal-signing key; refuses to go on without one (fail closed)."""
+        if self.proposal_signing_key_file is None:
+            raise ValueError(
+                "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE is not set: the policy service decides only on proposals a "
+                "remediation agent signed (python -m flotilla.keys generate <file>)"
+            )
+        return Signer(load_private_key(self.proposal_signing_key_file))

@@ -46,6 +46,7 @@ CATALOGUE = {
         "CommandDenied",
         "RecoveryExecuted",
         "CommandFailed",
+        "CommandRejected",
         "RecoveryCompleted",
         "RecoveryFailed",
         "CompensationCompleted",
@@ -62,6 +63,8 @@ SHARED_TYPES = [
     "dev.flotilla.decisions.Evidence",
     "dev.flotilla.decisions.TokenUsage",
     "dev.flotilla.commands.ResourceRef",
+    "dev.flotilla.commands.Authorization",
+    "dev.flotilla.decisions.Attestation",
 ]
 COMMAND_NAMES = [f"{COMMANDS}.{n}" for n in CATALOGUE[COMMANDS]]
 
@@ -258,7 +261,12 @@ def test_every_command_has_the_command_fields_and_its_parameters(contract: Contr
     assert fields["issuedAt"]["type"] == fields["expiresAt"]["type"] == TIMESTAMP
     parameters = COMMAND_PARAMETERS[str(contract.schema["name"])]
     common = {"commandId", "idempotencyKey", "incidentId", "proposalId", "target", "issuedAt", "expiresAt"}
-    assert {n: f["type"] for n, f in fields.items() if n not in common} == parameters
+    assert {n: f["type"] for n, f in fields.items() if n not in common | {"authorization"}} == parameters
+    # the policy service's signature: optional (a proposal's steps carry none), last, defaulted
+    authorization = fields["authorization"]
+    assert list(fields)[-1] == "authorization" and authorization["default"] is None
+    null, block = authorization["type"]
+    assert null == "null" and _full(block, None) == "dev.flotilla.commands.Authorization"
 
 
 # ------------------------------------------------------------------ decisions
@@ -329,6 +337,7 @@ DESIGN_FIELDS = {
         "executedAt",
     },
     "CommandFailed": {"commandId", "idempotencyKey", "errorClass", "errorMessage", "retryable", "failedAt"},
+    "CommandRejected": {"commandId", "commandType", "idempotencyKey", "target", "refusal", "reason", "rejectedAt"},
     "RecoveryCompleted": {"proposalId", "completedAt"},
     "RecoveryFailed": {"proposalId", "reason", "failedAt"},
     "CompensationCompleted": {"proposalId", "compensatedCommandIds", "completedAt"},

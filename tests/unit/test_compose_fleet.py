@@ -358,6 +358,7 @@ def _spec_publishes(member: Member) -> bool:
     return bool(spec.publishes)
 
 
+@pytest.mark.usefixtures("signing_keys")
 def test_fleet_init_prepares_every_database_as_its_service_will(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

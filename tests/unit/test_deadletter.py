@@ -72,8 +72,14 @@ def test_dlq_topic_name() -> None:
     assert dlq_topic("commands") == "commands.dlq"
 
 
-def test_reason_values_are_exactly_the_four() -> None:
-    assert [r.value for r in Reason] == ["undecodable", "unknown-schema", "invalid-record", "retries-exhausted"]
+def test_reason_values_are_exactly_these() -> None:
+    assert [r.value for r in Reason] == [
+        "undecodable",
+        "unknown-schema",
+        "invalid-record",
+        "retries-exhausted",
+        "unauthorized",
+    ]
     assert Reason("unknown-schema") is Reason.UNKNOWN_SCHEMA
 
 

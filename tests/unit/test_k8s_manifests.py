@@ -625,6 +625,7 @@ def test_kafka_clients_connect_securely_in_production_only(overlay: str, objects
         assert client["ssl.ca.location"] == str(ca_file) and client["sasl.username"] == KAFKA_USERS[member]
 
 
+@pytest.mark.usefixtures("signing_keys")
 def test_kafka_users_grant_exactly_what_each_client_does(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
     users = {u["metadata"]["name"]: u for u in of_kind(objects, "KafkaUser")}
     if overlay == "dev":

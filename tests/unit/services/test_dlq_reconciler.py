@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastavro import parse_schema
 
 from flotilla import deadletter
+from flotilla.authority import Grant, Signer, authorize_command
 from flotilla.contracts import load_contracts, subject_for
 from flotilla.envelope import Envelope
+from flotilla.keys import Keyring
 from flotilla.rawrecords import jsonable
 from flotilla.serde import AvroSerde
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
@@ -37,6 +40,7 @@ from services.dlq_reconciler.quarantine import (
     requeue_headers,
     with_identity,
 )
+from services.policy.testing import step
 
 
 class FakeRegistry:
@@ -317,3 +321,67 @@ def test_settings_read_operator_tokens_and_topics_from_the_environment(
         "flotilla_dlq",
         18107,
     )
+
+
+# ------------------------------------------------------------ re-queue never mints authority
+
+_POLICY = Signer(Ed25519PrivateKey.generate())
+_SCALE = "dev.flotilla.commands.ScaleService"
+
+
+def command_letter(
+    serde: AvroSerde, *, signed: bool, dlq_topic: str = "commands.dlq"
+) -> tuple[DeadLetter, dict[str, Any]]:
+    value = step("ScaleService", "incident-7", str(uuid.uuid4()))
+    if signed:
+        value = authorize_command(
+            _POLICY,
+            _SCALE,
+            value,
+            decision=Grant.AUTO,
+            approved_by="policy-service",
+            proposal_digest="sha256:x",
+            now=datetime.now(UTC),
+        )
+    env = Envelope(type=_SCALE, source="/flotilla/policy-service", correlationid="incident-7", id=value["commandId"])
+    payload = serde.serialize("commands", _SCALE, value)
+    letter = DeadLetter(dlq_topic, 0, 3, b"production/checkout-api", payload, [*env.headers(), *context_headers()])
+    return letter, value
+
+
+def test_an_unsigned_command_is_never_requeued(serde: AvroSerde) -> None:
+    letter, _ = command_letter(serde, signed=False)
+    with pytest.raises(RequeueRefused, match="unsigned"):
+        requeue_payload(serde, letter, None, Keyring([_POLICY.public_key]))
+
+
+def test_a_signed_command_goes_back_unchanged_only_and_only_where_policy_keys_are_known(serde: AvroSerde) -> None:
+    letter, value = command_letter(serde, signed=True)
+    trusted = Keyring([_POLICY.public_key])
+    requeued, _ = requeue_payload(serde, letter, None, trusted)
+    assert requeued["commandId"] == uuid.UUID(value["commandId"])
+    shown = jsonable(serde.deserialize(letter.value).value)
+    with pytest.raises(RequeueRefused, match="cannot be sanitized"):
+        requeue_payload(serde, letter, {**shown, "replicas": 20}, trusted)
+    with pytest.raises(RequeueRefused, match="cannot be sanitized"):
+        requeue_payload(serde, letter, shown, trusted)  # even "unchanged" edits are refused
+    with pytest.raises(RequeueRefused, match="no policy keys"):
+        requeue_payload(serde, letter, None, Keyring([]))
+    with pytest.raises(RequeueRefused, match="unknown-key"):
+        requeue_payload(serde, letter, None, Keyring([Ed25519PrivateKey.generate().public_key()]))
+
+
+def test_a_letter_planted_on_incidents_dlq_claiming_commands_goes_back_to_incidents(serde: AvroSerde) -> None:
+    """The origin is the DLQ topic's own name; the header only shows up as a tag."""
+    letter, _ = poison(serde)
+    planted = DeadLetter(
+        letter.dlq_topic,
+        1,
+        9,
+        letter.key,
+        letter.value,
+        [*letter.original_headers, *context_headers(**{deadletter.ORIGIN_TOPIC: "commands"})],
+    )
+    assert planted.origin_topic == "incidents"
+    assert planted.tags()["claimedOrigin"] == "commands"
+    assert "claimedOrigin" not in letter.tags()

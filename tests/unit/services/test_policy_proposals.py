@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
+from flotilla.commands import record_type as command_type
+from flotilla.commands import resource_key
 from flotilla.digest import command_digest
 from services.policy.commands import (
     MalformedStep,
     command_kind,
     command_record,
-    command_type,
     describe,
     epoch_ms,
     from_epoch_ms,
-    resource_key,
     summarize,
 )
 from services.policy.decide import Target

@@ -14,13 +14,7 @@ from flotilla.contracts import load_contracts
 from flotilla.digest import command_digest
 from flotilla.validation import RecordValidator
 from services.reasoner import Action, PlannedStep, Proposal, Reasoning, TokenUsage
-from services.remediation_agent.plan import (
-    command_record,
-    digest_matches,
-    idempotency_key,
-    proposal_value,
-    to_millis,
-)
+from services.remediation_agent.plan import InvalidPlan, command_record, digest_matches, proposal_value, to_millis
 
 NOW = datetime(2026, 8, 17, 14, 2, 7, 123456, tzinfo=UTC)
 TTL = timedelta(seconds=900)
@@ -45,55 +39,54 @@ def value(*steps: PlannedStep, now: datetime = NOW) -> dict[str, Any]:
         proposal(*steps),
         proposal_id=str(uuid.uuid4()),
         proposed_by="remediation-agent",
-        diagnosed_service="checkout-api",
         now=now,
         ttl=TTL,
     )
 
 
+PROPOSAL = "7d0c5c8e-2f4b-4f0e-9a51-6b3c1d2e4f50"
+
+
 @pytest.mark.parametrize(
-    ("action", "params", "key"),
+    ("step", "key"),
     [
-        (Action.SCALE, {"replicas": 12}, "incident-204:scale:12"),
-        (Action.RESTART, {"rolling": True}, "incident-204:restart:rolling"),
-        (Action.RESTART, {"rolling": False}, "incident-204:restart:all"),
-        (Action.ROLLBACK, {"toRevision": "v41"}, "incident-204:rollback:v41"),
+        (scale(12), f"incident-204:{PROPOSAL}:scale:checkout-api:12"),
+        (PlannedStep(Action.RESTART, "checkout-api", "production", {"rolling": True}), ":restart:checkout-api:rolling"),
+        (PlannedStep(Action.RESTART, "checkout-api", "production", {"rolling": False}), ":restart:checkout-api:all"),
         (
-            Action.FAILOVER,
-            {"dependency": "payments-api", "toTarget": "payments-api-secondary"},
-            "incident-204:failover:payments-api:payments-api-secondary",
+            PlannedStep(Action.ROLLBACK, "checkout-api", "production", {"toRevision": "v41"}),
+            ":rollback:checkout-api:v41",
         ),
+        (
+            PlannedStep(
+                Action.FAILOVER, "checkout-api", "production", {"dependency": "payments-api", "toTarget": "secondary"}
+            ),
+            ":failover:checkout-api:payments-api:secondary",
+        ),
+        (scale(3, "search-api"), ":scale:search-api:3"),
     ],
 )
-def test_idempotency_keys_name_the_incident_the_action_and_its_parameters(
-    action: Action, params: dict[str, Any], key: str
-) -> None:
-    assert idempotency_key("incident-204", action, params) == key
+def test_idempotency_keys_name_incident_proposal_action_target_and_parameters(step: PlannedStep, key: str) -> None:
+    record = command_record(step, incident_id="incident-204", proposal_id=PROPOSAL, issued_at=NOW, ttl=TTL)
+    assert record["idempotencyKey"].endswith(key)
+    assert record["idempotencyKey"].startswith(f"incident-204:{PROPOSAL}:")
 
 
-def test_a_step_on_another_service_names_it_in_the_key() -> None:
-    assert idempotency_key("incident-204", Action.SCALE, {"replicas": 3}, service="search-api") == (
-        "incident-204:scale:search-api:3"
-    )
-    keys = [s["idempotencyKey"] for s in value(scale(12), scale(3, "search-api"))["steps"]]
-    assert keys == ["incident-204:scale:12", "incident-204:scale:search-api:3"]
-
-
-def test_the_same_effect_gets_the_same_key_but_a_new_command_id() -> None:
+def test_the_same_effect_in_another_proposal_is_another_key() -> None:
+    """Bound to the proposal: nobody who has not seen the proposal can guess (squat) a key."""
     first, second = value()["steps"][0], value(now=NOW + timedelta(minutes=5))["steps"][0]
-    assert first["idempotencyKey"] == second["idempotencyKey"] == "incident-204:scale:12"
+    assert first["idempotencyKey"] != second["idempotencyKey"]
+    assert first["idempotencyKey"].endswith(":scale:checkout-api:12")
     assert first["commandId"] != second["commandId"]
 
 
-def test_two_steps_with_one_key_are_refused() -> None:
-    with pytest.raises(ValueError, match="share an idempotency key"):
+def test_two_steps_that_are_one_command_are_refused() -> None:
+    with pytest.raises(InvalidPlan, match="same command"):
         value(scale(12), scale(12))
 
 
 def test_a_command_carries_target_params_and_expiry() -> None:
-    step = command_record(
-        scale(), incident_id="incident-204", proposal_id="p", diagnosed_service="checkout-api", issued_at=NOW, ttl=TTL
-    )
+    step = command_record(scale(), incident_id="incident-204", proposal_id=PROPOSAL, issued_at=NOW, ttl=TTL)
     assert step["target"] == {"kind": "service", "environment": "production", "name": "checkout-api"}
     assert step["replicas"] == 12
     assert step["issuedAt"] == to_millis(NOW) == NOW.replace(microsecond=123000)
