@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.service import ServiceSettings
@@ -43,6 +43,8 @@ class ExecutorSettings(ServiceSettings):
     executor_target: Literal["sim", "kubernetes"] = "sim"
 
     sim_url: str = "http://127.0.0.1:18110"
+    # The bearer token the sim's action API requires (the sim's setting of the same name).
+    sim_action_token: SecretStr | None = None
     kubernetes_api_url: str = "https://kubernetes.default.svc"
     # environment -> namespace (JSON), e.g. {"production": "apps"}: the Kubernetes target
     # acts on <environment>/<name> only as Deployment <name> in that namespace.
@@ -63,6 +65,8 @@ class ExecutorSettings(ServiceSettings):
             )
         if self.executor_target == "kubernetes":
             EnvironmentNamespaces(self.kubernetes_namespaces)
+        if self.sim_action_token is not None and not self.sim_action_token.get_secret_value().strip():
+            raise ValueError("FLOTILLA_SIM_ACTION_TOKEN is empty")
         return self
 
     @classmethod
@@ -89,4 +93,11 @@ class ExecutorSettings(ServiceSettings):
                 verify=str(ca) if ca.exists() else True,
                 timeout=self.executor_target_timeout_seconds,
             )
-        return SimTarget(self.sim_url, timeout=self.executor_target_timeout_seconds)
+        if self.sim_action_token is None:
+            raise ValueError(
+                "FLOTILLA_SIM_ACTION_TOKEN is not set: the sim's action API admits only the executor, by that "
+                "token (the sim's setting of the same name; the local fleet generates one)"
+            )
+        return SimTarget(
+            self.sim_url, self.sim_action_token.get_secret_value(), timeout=self.executor_target_timeout_seconds
+        )

@@ -148,10 +148,29 @@ def _now() -> datetime:
 
 
 class SimTarget:
-    """The sim's ``/actions`` API (see docs/design/fleet-contracts.md)."""
+    """The sim's ``/actions`` API (see docs/design/fleet-contracts.md).
 
-    def __init__(self, base_url: str, timeout: float = 5.0, *, transport: httpx.BaseTransport | None = None) -> None:
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+    The sim admits only the holder of its action token (``FLOTILLA_SIM_ACTION_TOKEN``),
+    sent as a bearer token with every call; a wrong one is refused (401), which is a
+    :class:`TargetRejected`: retrying cannot fix configuration.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        action_token: str,
+        timeout: float = 5.0,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not action_token:
+            raise ValueError("the sim's action token is required: the sim refuses actions without it")
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {action_token}"},
+            timeout=timeout,
+            transport=transport,
+        )
 
     def apply(
         self,

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from services.sim import create_sim_app
 
 CHECKOUT = "checkout-api"
 KEY = "incident-204:scale:12"
+SIM_TOKEN = "sim-action-token-for-the-tests"
 
 
 def serve(app: FastAPI) -> Iterator[str]:
@@ -106,12 +106,12 @@ def test_errors_say_whether_to_retry() -> None:
 
 @pytest.fixture
 def sim_url() -> Iterator[str]:
-    yield from serve(create_sim_app(action_seconds=0.05))
+    yield from serve(create_sim_app(action_seconds=0.05, action_token=SIM_TOKEN))
 
 
 @pytest.fixture
 def sim(sim_url: str) -> Iterator[SimTarget]:
-    with SimTarget(sim_url, timeout=5) as target:
+    with SimTarget(sim_url, SIM_TOKEN, timeout=5) as target:
         yield target
 
 
@@ -166,7 +166,7 @@ def test_sim_target_rejections(sim: SimTarget, action: str, resource: str, param
 
 
 def test_sim_target_unreachable() -> None:
-    with SimTarget(f"http://127.0.0.1:{free_port()}", timeout=1) as target:
+    with SimTarget(f"http://127.0.0.1:{free_port()}", SIM_TOKEN, timeout=1) as target:
         with pytest.raises(TargetUnavailable):
             target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
         with pytest.raises(TargetUnavailable):
@@ -182,7 +182,10 @@ def test_sim_target_unreachable() -> None:
     ],
 )
 def test_sim_target_server_trouble_is_retryable(answer: Callable[[httpx.Request], httpx.Response]) -> None:
-    with SimTarget("http://sim", transport=httpx.MockTransport(answer)) as target, pytest.raises(TargetUnavailable):
+    with (
+        SimTarget("http://sim", SIM_TOKEN, transport=httpx.MockTransport(answer)) as target,
+        pytest.raises(TargetUnavailable),
+    ):
         target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
 
 
@@ -190,7 +193,10 @@ def test_sim_target_timeout_is_retryable() -> None:
     def hang(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
 
-    with SimTarget("http://sim", transport=httpx.MockTransport(hang)) as target, pytest.raises(TargetUnavailable):
+    with (
+        SimTarget("http://sim", SIM_TOKEN, transport=httpx.MockTransport(hang)) as target,
+        pytest.raises(TargetUnavailable),
+    ):
         target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
 
 
@@ -201,9 +207,13 @@ def test_sim_target_sends_the_contract_body() -> None:
         seen.append(request)
         return httpx.Response(409, json={"error": "stale fencing token", "fencingToken": 2, "newestToken": 3})
 
-    with SimTarget("http://sim/", transport=httpx.MockTransport(record)) as target, pytest.raises(StaleFencingToken):
+    with (
+        SimTarget("http://sim/", SIM_TOKEN, transport=httpx.MockTransport(record)) as target,
+        pytest.raises(StaleFencingToken),
+    ):
         target.apply("failover", CHECKOUT, {"dependency": "d", "toTarget": "t"}, "k:1", 2, "exec-1")
     assert seen[0].method == "POST" and seen[0].url.path == "/actions/failover"
+    assert seen[0].headers["authorization"] == f"Bearer {SIM_TOKEN}"
     assert json.loads(seen[0].content) == {
         "resource": CHECKOUT,
         "params": {"dependency": "d", "toTarget": "t"},
@@ -211,6 +221,40 @@ def test_sim_target_sends_the_contract_body() -> None:
         "fencingToken": 2,
         "holder": "exec-1",
     }
+
+
+def test_sim_target_with_a_wrong_token_is_refused_and_acts_on_nothing(sim: SimTarget, sim_url: str) -> None:
+    applied = sim.apply("scale", "production/checkout-api", {"replicas": 12}, KEY, 1, "executor-a")
+    with SimTarget(sim_url, "not-the-sim-action-token", timeout=5) as wrong:
+        with pytest.raises(TargetRejected) as caught:
+            wrong.apply("scale", "production/checkout-api", {"replicas": 3}, "intruder", 9, "mallory")
+        assert (caught.value.status, caught.value.retryable) == (401, False)
+        with pytest.raises(TargetRejected) as looked:  # the ledger is the executor's too
+            wrong.lookup(KEY)
+        assert looked.value.status == 401
+    assert httpx.get(f"{sim_url}/services/checkout-api").json()["replicas"] == 12
+    assert sim.lookup("intruder") is None and sim.lookup(KEY) == applied
+
+
+def test_sim_target_needs_a_token() -> None:
+    with pytest.raises(ValueError, match="token"):
+        SimTarget("http://sim", "")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_executor_does_not_build_a_sim_target_without_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="FLOTILLA_SIM_ACTION_TOKEN is not set"):
+        ExecutorSettings.load().build_target()
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "  ")
+    with pytest.raises(ValidationError, match="FLOTILLA_SIM_ACTION_TOKEN is empty"):
+        ExecutorSettings.load()
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", SIM_TOKEN)
+    seen: list[httpx.Request] = []
+    target = ExecutorSettings.load().build_target()
+    assert isinstance(target, SimTarget)
+    target._client._transport = httpx.MockTransport(lambda r: seen.append(r) or httpx.Response(404, json={}))
+    assert target.lookup(KEY) is None
+    assert seen[0].headers["authorization"] == f"Bearer {SIM_TOKEN}"
 
 
 # -- a fake Kubernetes API -------------------------------------------------------------
@@ -656,17 +700,9 @@ def test_lookup_finds_each_environments_keys_in_its_own_namespace(
 
 
 def _applied(key: str, resource: str) -> dict[str, Any]:
-    return {
-        "idempotencyKey": key,
-        "action": "scale",
-        "resource": resource,
-        "status": "applied",
-        "before": {"replicas": 4},
-        "after": {"replicas": 20},
-        "appliedAt": "2025-03-01T10:00:00.000Z",
-        "replayed": False,
-        "durationMs": 12,
-    }
+    """A scale of ``resource`` to 20 as the history annotation holds it."""
+    at = datetime(2025, 3, 1, 10, tzinfo=UTC)
+    return ActionResult(key, "scale", resource, "applied", {"replicas": 4}, {"replicas": 20}, at, False, 12).to_json()
 
 
 def test_a_dev_result_on_the_production_deployment_is_never_productions(
@@ -710,12 +746,10 @@ def test_bad_namespace_mappings_are_refused_at_start(mapping: dict[str, str], fr
         KubernetesTarget("https://kubernetes.default.svc", BEARER, mapping)
 
 
+@pytest.mark.usefixtures("clean_env")
 def test_the_namespace_mapping_is_read_and_checked_with_the_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
     monkeypatch.setenv("FLOTILLA_EXECUTOR_TARGET", "kubernetes")
     monkeypatch.setenv("FLOTILLA_KUBERNETES_NAMESPACES", json.dumps(NAMESPACES))
     token = tmp_path / "token"
