@@ -89,6 +89,7 @@ SECRETS = {
     "flotilla-console",
     "flotilla-audit-signing-key",
     "flotilla-console-tls",
+    "flotilla-sim-action-token",  # dev: the sim's action API admits only the executor
     # Made by Strimzi (production): one per KafkaUser, and the cluster CA (copied in).
     *KAFKA_USERS.values(),
     CONNECT_USER,
@@ -436,6 +437,25 @@ def test_secrets_are_referenced_never_written(overlay: str, objects: tuple[dict[
         assert name in SECRETS, f"{owner} references an undocumented Secret {name}"
     for ingress in of_kind(objects, "Ingress"):
         assert {t["secretName"] for t in ingress["spec"].get("tls", [])} <= SECRETS
+
+
+def test_only_the_sim_and_the_executor_hold_the_sim_action_token(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    holders: dict[str, Any] = {}
+    for workload in workloads(objects):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            value = container_env(objects, container).get("FLOTILLA_SIM_ACTION_TOKEN")
+            if value is not None:
+                holders[member_of(workload)] = value
+    if overlay == "production":
+        assert holders == {}  # no sim: nothing to hold a token for
+        return
+    assert set(holders) == {SIM.name, "executor"}
+    for member, value in holders.items():
+        # from the one Secret, required (no pod starts with an empty token), never a literal
+        assert isinstance(value, dict) and "value" not in value, f"{member}: a literal token"
+        assert value["valueFrom"] == {"secretKeyRef": {"name": "flotilla-sim-action-token", "key": "token"}}, member
 
 
 def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
