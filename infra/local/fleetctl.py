@@ -6,6 +6,11 @@ The fleet has its own supervisord (beside the stack's), so services can be resta
 without touching Kafka or PostgreSQL. ``up`` needs a running stack (``make stack-up``),
 registers the contracts, starts every member and waits until each answers on its
 ``/readyz`` (the sim on ``/healthz``). Logs: ``.stack/logs/<service>.log``.
+
+The sim's action API admits only the executor, by a token the two share
+(``FLOTILLA_SIM_ACTION_TOKEN``): ``up`` makes a random one the first time, in
+``.stack/secrets/sim-action-token`` (mode 0600), and reuses it ever after; no other
+member gets it. ``sim-token-file`` prints where it is, for tests that act as the executor.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import argparse
 import json
 import os
 import pwd
+import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -25,21 +32,51 @@ from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 
 from flotilla import stackcheck
 from flotilla.settings import load_settings
-from services.fleet import FLEET, Member, url
+from services.fleet import EXECUTOR, FLEET, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 FLEET_RUN = STACK_HOME / "run" / "fleet"
 SUPERVISOR = Supervisor(FLEET_RUN, "fleet", STACK_HOME)
 START_TIMEOUT_S = float(os.environ.get("FLOTILLA_FLEET_TIMEOUT", "120"))
+SIM_ACTION_TOKEN_FILE = STACK_HOME / "secrets" / "sim-action-token"
+SIM_ACTION_TOKEN = "FLOTILLA_SIM_ACTION_TOKEN"
+# The sim checks the token and the executor presents it; nobody else may hold it.
+SIM_ACTION_TOKEN_HOLDERS = frozenset({SIM.name, EXECUTOR.name})
 
 
 def _say(msg: str) -> None:
     print(f"[fleet] {msg}", flush=True)
 
 
-def member_env(member: Member) -> dict[str, str]:
-    """The environment of one member's process: the stack's settings plus its own."""
+def sim_action_token(path: Path = SIM_ACTION_TOKEN_FILE) -> str:
+    """The local fleet's sim action token: 32 random bytes, made once and then reused, so
+    a member restarted alone still holds the token its peer has. Mode 0600 in a 0700
+    folder: other users of the machine can reach the loopback sim, but not read this."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise StackError(
+                f"{path} is readable by other users (mode {mode:o}): delete it (a new token is made on `up`) "
+                "or chmod 600 it if nobody else can have read it"
+            ) from None
+        token = path.read_text().strip()
+        if not token:
+            raise StackError(f"{path} is empty: delete it and `up` makes a new token") from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    _say(f"generated the sim's action token in {path}")
+    return token
+
+
+def member_env(member: Member, action_token: str) -> dict[str, str]:
+    """The environment of one member's process: the stack's settings plus its own, and
+    the sim's action token for the two members that hold it."""
     env = {
         "FLOTILLA_ENV_FILE": str(stackctl.ENV_FILE),
         "FLOTILLA_SERVICE_NAME": member.name,
@@ -50,9 +87,12 @@ def member_env(member: Member) -> dict[str, str]:
     }
     if member.database:
         env["FLOTILLA_SERVICE_DATABASE"] = member.database
-    # Demo-friendly defaults an operator can override from the calling environment.
+    if member.name in SIM_ACTION_TOKEN_HOLDERS:
+        env[SIM_ACTION_TOKEN] = action_token
+    # Demo-friendly defaults an operator can override from the calling environment (not
+    # the action token: the file is the fleet's, and every member would get the variable).
     for key, value in os.environ.items():
-        if key.startswith("FLOTILLA_") and key not in env:
+        if key.startswith("FLOTILLA_") and key not in env and key != SIM_ACTION_TOKEN:
             env[key] = value
     return env
 
@@ -70,10 +110,10 @@ def _quoted(key: str, value: str) -> str:
     raise StackError(f"{key} cannot be passed through supervisord (it mixes quote characters); use a file setting")
 
 
-def _config() -> str:
+def _config(action_token: str) -> str:
     parts = [SUPERVISOR.header(LOGS, pwd.getpwuid(os.geteuid()).pw_name)]
     for member in FLEET:
-        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member).items())
+        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member, action_token).items())
         parts.append(
             f"""
 [program:{member.name}]
@@ -90,6 +130,14 @@ environment={env}
 """
         )
     return "".join(parts)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read (it holds the action token): a
+    fresh file made 0600, never an older one whose mode let others in."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write(text)
 
 
 def ready(member: Member) -> bool:
@@ -126,7 +174,7 @@ def up() -> None:
                     f"{stackctl._port_holder(member.http_port)}, not by this fleet"
                 )
         FLEET_RUN.mkdir(parents=True, exist_ok=True)
-        SUPERVISOR.conf.write_text(_config())
+        write_private(SUPERVISOR.conf, _config(sim_action_token()))
         SUPERVISOR.launch(LOGS / "supervisord-fleet-start.log")
     states = SUPERVISOR.states()
     to_start = [m for m in FLEET if states.get(m.name) != "RUNNING"]
@@ -180,7 +228,7 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "status", "restart", "pid"])
+    parser.add_argument("action", choices=["up", "down", "status", "restart", "pid", "sim-token-file"])
     parser.add_argument("service", nargs="?", help="with restart or pid: one member")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -193,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             restart(args.service)
         elif args.action == "pid":
             print(SUPERVISOR.ctl("pid", args.service or "all").strip())
+        elif args.action == "sim-token-file":
+            print(SIM_ACTION_TOKEN_FILE)
         else:
             return status(args.json)
     except StackError as exc:

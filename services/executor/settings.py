@@ -7,13 +7,14 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.executor.execution import ExecutorConfig
+from services.executor.namespaces import EnvironmentNamespaces
 from services.executor.targets import ActionTarget, KubernetesTarget, SimTarget
 from services.fleet import EXECUTOR
 
@@ -46,10 +47,31 @@ class ExecutorSettings(ServiceSettings):
     authorization_public_keys: list[str] = Field(default_factory=list)
 
     sim_url: str = "http://127.0.0.1:18110"
+    # The bearer token the sim's action API requires (the sim's setting of the same name).
+    sim_action_token: SecretStr | None = None
     kubernetes_api_url: str = "https://kubernetes.default.svc"
-    kubernetes_namespace: str = "default"
+    # environment -> namespace (JSON), e.g. {"production": "apps"}: the Kubernetes target
+    # acts on <environment>/<name> only as Deployment <name> in that namespace.
+    kubernetes_namespaces: dict[str, str] = Field(default_factory=dict)
+    # Replaced by kubernetes_namespaces; read only to refuse it (one namespace for every
+    # environment is how a dev command reached production).
+    kubernetes_namespace: str | None = None
     kubernetes_token_file: str = str(SERVICE_ACCOUNT / "token")
     kubernetes_ca_file: str = str(SERVICE_ACCOUNT / "ca.crt")
+
+    @model_validator(mode="after")
+    def _targets_are_configured(self) -> ExecutorSettings:
+        """The target's settings, checked when they are loaded rather than at the first command."""
+        if self.kubernetes_namespace is not None:
+            raise ValueError(
+                "FLOTILLA_KUBERNETES_NAMESPACE is no longer read: set FLOTILLA_KUBERNETES_NAMESPACES to a JSON "
+                f'object of environment -> namespace instead, e.g. {{"production": "{self.kubernetes_namespace}"}}'
+            )
+        if self.executor_target == "kubernetes":
+            EnvironmentNamespaces(self.kubernetes_namespaces)
+        if self.sim_action_token is not None and not self.sim_action_token.get_secret_value().strip():
+            raise ValueError("FLOTILLA_SIM_ACTION_TOKEN is empty")
+        return self
 
     @classmethod
     def load(cls, **overrides: Any) -> ExecutorSettings:
@@ -81,8 +103,15 @@ class ExecutorSettings(ServiceSettings):
             return KubernetesTarget(
                 self.kubernetes_api_url,
                 Path(self.kubernetes_token_file).read_text().strip(),
-                self.kubernetes_namespace,
+                EnvironmentNamespaces(self.kubernetes_namespaces),
                 verify=str(ca) if ca.exists() else True,
                 timeout=self.executor_target_timeout_seconds,
             )
-        return SimTarget(self.sim_url, timeout=self.executor_target_timeout_seconds)
+        if self.sim_action_token is None:
+            raise ValueError(
+                "FLOTILLA_SIM_ACTION_TOKEN is not set: the sim's action API admits only the executor, by that "
+                "token (the sim's setting of the same name; the local fleet generates one)"
+            )
+        return SimTarget(
+            self.sim_url, self.sim_action_token.get_secret_value(), timeout=self.executor_target_timeout_seconds
+        )

@@ -19,6 +19,7 @@ have been applied, and a retry or ``lookup`` tells which).
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import time
 from collections.abc import Mapping
@@ -28,6 +29,10 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import httpx
+
+from services.executor.namespaces import EnvironmentNamespaces, OutsideTheMap, Placement
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,10 +148,29 @@ def _now() -> datetime:
 
 
 class SimTarget:
-    """The sim's ``/actions`` API (see docs/design/fleet-contracts.md)."""
+    """The sim's ``/actions`` API (see docs/design/fleet-contracts.md).
 
-    def __init__(self, base_url: str, timeout: float = 5.0, *, transport: httpx.BaseTransport | None = None) -> None:
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+    The sim admits only the holder of its action token (``FLOTILLA_SIM_ACTION_TOKEN``),
+    sent as a bearer token with every call; a wrong one is refused (401), which is a
+    :class:`TargetRejected`: retrying cannot fix configuration.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        action_token: str,
+        timeout: float = 5.0,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not action_token:
+            raise ValueError("the sim's action token is required: the sim refuses actions without it")
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {action_token}"},
+            timeout=timeout,
+            transport=transport,
+        )
 
     def apply(
         self,
@@ -230,8 +254,14 @@ class KubernetesTarget:
     (pod template annotation ``kubectl.kubernetes.io/restartedAt``, as ``kubectl rollout
     restart`` does, plus the annotations), so it has no such window.
 
-    A resource ``<environment>/<name>`` (the commands-topic key) or ``<name>`` names the
-    Deployment ``<name>`` in this target's namespace: one target per environment.
+    A resource ``<environment>/<name>`` (the commands-topic key) names the Deployment
+    ``<name>`` in the namespace configured for ``<environment>``
+    (:class:`~services.executor.namespaces.EnvironmentNamespaces`), and only there. A
+    resource without an environment, or of an environment the target does not serve, is
+    refused before any call to the API server. A recorded result counts only where it
+    belongs: on the Deployment of its own resource, in its own environment's namespace,
+    so a record left (or forged) on production's Deployment for ``dev/<name>`` is never
+    taken as ``production/<name>``'s, nor the other way round.
 
     Rollback and failover are refused (:class:`TargetRejected`): apps/v1 has no rollback
     call (``kubectl rollout undo`` copies an old ReplicaSet's pod template client-side,
@@ -250,7 +280,7 @@ class KubernetesTarget:
         self,
         api_url: str,
         token: str,
-        namespace: str,
+        namespaces: Mapping[str, str],
         verify: bool | str | ssl.SSLContext = True,
         *,
         timeout: float = 10.0,
@@ -259,7 +289,9 @@ class KubernetesTarget:
     ) -> None:
         if isinstance(verify, str):
             verify = ssl.create_default_context(cafile=verify)
-        self.namespace = namespace
+        self.namespaces = (
+            namespaces if isinstance(namespaces, EnvironmentNamespaces) else EnvironmentNamespaces(namespaces)
+        )
         self.conflict_retries = conflict_retries
         self._client = httpx.Client(
             base_url=api_url.rstrip("/"),
@@ -305,22 +337,27 @@ class KubernetesTarget:
         else:
             raise TargetRejected(f"unknown action {action!r}")
 
-        name = resource.rpartition("/")[2]
+        place = self._place(resource)
         started = time.monotonic()
         for _ in range(self.conflict_retries):
-            deployment = self._get_deployment(name)
+            deployment = self._get_deployment(place)
             meta = deployment.get("metadata", {})
             annotations: dict[str, str] = meta.get("annotations") or {}
             recorded = self._find(annotations, idempotency_key)
             if recorded is not None:
+                if recorded.get("resource") != resource:
+                    raise TargetRejected(
+                        f"idempotency key {idempotency_key!r} is recorded on {place.deployment} "
+                        f"for {recorded.get('resource')!r}, not {resource!r}: a key names one action on one resource"
+                    )
                 return ActionResult.from_json({**recorded, "replayed": True})
             newest = int(annotations.get(self.TOKEN, "0"))
             if fencing_token < newest:
                 raise StaleFencingToken(fencing_token, newest)
             try:
                 if action == "scale":
-                    return self._scale(deployment, resource, params, idempotency_key, fencing_token, started)
-                return self._restart(deployment, resource, idempotency_key, fencing_token, started)
+                    return self._scale(deployment, place, params, idempotency_key, fencing_token, started)
+                return self._restart(deployment, place, idempotency_key, fencing_token, started)
             except _Conflict:
                 continue  # someone wrote in between: read again (a newer token there makes us stale)
         raise TargetUnavailable(
@@ -328,11 +365,31 @@ class KubernetesTarget:
         )
 
     def lookup(self, idempotency_key: str) -> ActionResult | None:
-        """Search the namespace's Deployments for the key's recorded result."""
-        listing = self._call("GET", self._deployments_url(), what="list deployments")
-        for item in listing.json().get("items", []):
-            recorded = self._find(item.get("metadata", {}).get("annotations") or {}, idempotency_key)
-            if recorded is not None:
+        """Search the served namespaces' Deployments for the key's recorded result.
+
+        A record counts only on the Deployment of its own resource in its environment's
+        namespace: one found elsewhere (a ``dev/<name>`` result on production's
+        Deployment, from a target that ignored environments, or written by hand) says
+        nothing about whether the key applied here, and is skipped with a warning.
+        """
+        for environment, namespace in self.namespaces.items():
+            listing = self._call("GET", self._deployments_url(namespace), what=f"list deployments in {namespace}")
+            for item in listing.json().get("items", []):
+                meta = item.get("metadata", {})
+                recorded = self._find(meta.get("annotations") or {}, idempotency_key)
+                if recorded is None:
+                    continue
+                belongs = f"{environment}/{meta.get('name')}"
+                if recorded.get("resource") != belongs:
+                    log.warning(
+                        "ignoring the record of %s on %s/%s: it is for %r, and only %r can be recorded there",
+                        idempotency_key,
+                        namespace,
+                        meta.get("name"),
+                        recorded.get("resource"),
+                        belongs,
+                    )
+                    continue
                 return ActionResult.from_json({**recorded, "replayed": False})
         return None
 
@@ -350,48 +407,48 @@ class KubernetesTarget:
     def _scale(
         self,
         deployment: dict[str, Any],
-        resource: str,
+        place: Placement,
         params: Mapping[str, Any],
         key: str,
         token: int,
         started: float,
     ) -> ActionResult:
-        name = deployment["metadata"]["name"]
         before = {"replicas": int(deployment.get("spec", {}).get("replicas", 1))}
         claimed = self._patch(
-            self._deployment_url(name),
+            self._deployment_url(place),
             {
                 "metadata": {
                     "resourceVersion": deployment["metadata"]["resourceVersion"],
                     "annotations": {self.TOKEN: str(token)},
                 }
             },
-            what=f"claim {name}",
+            what=f"claim {place.deployment}",
         )
         scaled = self._patch(
-            self._deployment_url(name) + "/scale",
+            self._deployment_url(place) + "/scale",
             {
                 "metadata": {"resourceVersion": claimed["metadata"]["resourceVersion"]},
                 "spec": {"replicas": params["replicas"]},
             },
-            what=f"scale {name}",
+            what=f"scale {place.deployment}",
         )
         after = {"replicas": int(scaled.get("spec", {}).get("replicas", params["replicas"]))}
-        result = self._result(key, "scale", resource, before, after, started)
-        self._record(name, result)
+        result = self._result(key, "scale", place.resource, before, after, started)
+        self._record(place, result)
         return result
 
-    def _restart(self, deployment: dict[str, Any], resource: str, key: str, token: int, started: float) -> ActionResult:
-        name = deployment["metadata"]["name"]
+    def _restart(
+        self, deployment: dict[str, Any], place: Placement, key: str, token: int, started: float
+    ) -> ActionResult:
         template_annotations = (
             deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}
         )
         now = _now().isoformat(timespec="seconds").replace("+00:00", "Z")
         before = {"restartedAt": template_annotations.get(self.RESTARTED_AT)}
-        result = self._result(key, "restart", resource, before, {"restartedAt": now}, started)
+        result = self._result(key, "restart", place.resource, before, {"restartedAt": now}, started)
         annotations = deployment["metadata"].get("annotations") or {}
         self._patch(
-            self._deployment_url(name),
+            self._deployment_url(place),
             {
                 "metadata": {
                     "resourceVersion": deployment["metadata"]["resourceVersion"],
@@ -399,7 +456,7 @@ class KubernetesTarget:
                 },
                 "spec": {"template": {"metadata": {"annotations": {self.RESTARTED_AT: now}}}},
             },
-            what=f"restart {name}",
+            what=f"restart {place.deployment}",
         )
         return result
 
@@ -427,26 +484,28 @@ class KubernetesTarget:
             cls.ACTIONS: json.dumps(history[-cls.HISTORY :], separators=(",", ":")),
         }
 
-    def _record(self, name: str, result: ActionResult) -> None:
+    def _record(self, place: Placement, result: ActionResult) -> None:
         """Record an applied result; it happened, so conflicts are retried, not fenced."""
         for _ in range(self.conflict_retries * 2):
-            deployment = self._get_deployment(name)
+            deployment = self._get_deployment(place)
             meta = deployment["metadata"]
             try:
                 self._patch(
-                    self._deployment_url(name),
+                    self._deployment_url(place),
                     {
                         "metadata": {
                             "resourceVersion": meta["resourceVersion"],
                             "annotations": self._recorded(meta.get("annotations") or {}, result),
                         }
                     },
-                    what=f"record {result.idempotency_key} on {name}",
+                    what=f"record {result.idempotency_key} on {place.deployment}",
                 )
                 return
             except _Conflict:
                 continue
-        raise TargetUnavailable(f"{result.action} of {name} applied but not recorded (the Deployment kept changing)")
+        raise TargetUnavailable(
+            f"{result.action} of {place.deployment} applied but not recorded (the Deployment kept changing)"
+        )
 
     @staticmethod
     def _result(
@@ -466,14 +525,22 @@ class KubernetesTarget:
 
     # -- HTTP ----------------------------------------------------------------------
 
-    def _deployments_url(self) -> str:
-        return f"/apis/apps/v1/namespaces/{quote(self.namespace, safe='')}/deployments"
+    def _place(self, resource: str) -> Placement:
+        try:
+            return self.namespaces.place(resource)
+        except OutsideTheMap as exc:
+            raise TargetRejected(str(exc)) from None
 
-    def _deployment_url(self, name: str) -> str:
-        return f"{self._deployments_url()}/{quote(name, safe='')}"
+    @staticmethod
+    def _deployments_url(namespace: str) -> str:
+        return f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/deployments"
 
-    def _get_deployment(self, name: str) -> dict[str, Any]:
-        deployment: dict[str, Any] = self._call("GET", self._deployment_url(name), what=f"get {name}").json()
+    def _deployment_url(self, place: Placement) -> str:
+        return f"{self._deployments_url(place.namespace)}/{quote(place.name, safe='')}"
+
+    def _get_deployment(self, place: Placement) -> dict[str, Any]:
+        what = f"get {place.deployment}"
+        deployment: dict[str, Any] = self._call("GET", self._deployment_url(place), what=what).json()
         return deployment
 
     def _patch(self, url: str, patch: dict[str, Any], *, what: str) -> dict[str, Any]:

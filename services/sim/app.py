@@ -1,10 +1,18 @@
 """The sim's HTTP API (see docs/design/fleet-contracts.md, "The sim").
 
 Errors are ``{"error": message}``: 400 for a malformed request (not JSON, a field of the
-wrong type, no idempotency key or fencing token), 404 for an unknown service, action,
-fault or key, 409 for a stale fencing token (``fencingToken`` and ``newestToken`` say
-which), 422 for parameters the service cannot take (and for an idempotency key reused
-with a different action, resource or params).
+wrong type, no idempotency key or fencing token), 401 for an action call without the
+action token, 404 for an unknown service, action, fault or key, 409 for a stale fencing
+token (``fencingToken`` and ``newestToken`` say which), 422 for parameters the service
+cannot take (and for an idempotency key reused with a different action, resource or
+params).
+
+The action API (``/actions``) admits only the executor, by the shared action token
+(:mod:`services.sim.auth`); the token is checked before the request is, so a caller
+without it learns nothing about actions, resources or keys. The read API (services,
+metrics) and the test harness's controls (faults, reset, settings) need no token: the
+agents read evidence, and the tests break and repair the simulated production through
+them (docs/design/fleet-contracts.md).
 
 ``/metrics`` comes from prometheus_client with a registry of the app's own, filled by a
 collector that reads the model at scrape time; nothing is cached between scrapes and
@@ -14,16 +22,18 @@ two apps in one process (as in the tests) never share series.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from services.sim.auth import ActionToken
 from services.sim.model import ACTIONS, InvalidAction, SimModel, UnknownResource
 from services.sim.state import KeyReused, SimState, StaleToken
 
@@ -46,6 +56,14 @@ class FaultRequest(BaseModel):
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class _NotTheExecutor(Exception):
+    """An action call without the action token."""
+
+
+# auto_error=False: a missing or non-Bearer header is ours to answer (401, the sim's error shape).
+_bearer = HTTPBearer(auto_error=False)
 
 
 class _SimCollector(Collector):
@@ -89,8 +107,13 @@ class _SimCollector(Collector):
         return [p95, replicas, threshold, dependency, utilization]
 
 
-def create_sim_app(model: SimModel | None = None, *, action_seconds: float = 0.2) -> FastAPI:
-    """The sim over ``model`` (the default topology if None); ``/reset`` returns to it."""
+def create_sim_app(model: SimModel | None = None, *, action_token: str, action_seconds: float = 0.2) -> FastAPI:
+    """The sim over ``model`` (the default topology if None); ``/reset`` returns to it.
+
+    ``action_token`` is what the executor must present to act (ValueError if it is too
+    short to be a secret): there is no sim without one, so none serves actions openly.
+    """
+    token = ActionToken(action_token)
     state = SimState(model or SimModel.default(), action_seconds=action_seconds)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SimCollector(state))
@@ -107,6 +130,17 @@ def create_sim_app(model: SimModel | None = None, *, action_seconds: float = 0.2
             for e in exc.errors()
         ]
         return _error(400, "malformed request: " + "; ".join(problems))
+
+    @app.exception_handler(_NotTheExecutor)
+    async def not_the_executor(request: Request, exc: _NotTheExecutor) -> JSONResponse:
+        response = _error(401, "the action API needs the action token: Authorization: Bearer <token>")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    def executor_only(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        """Run before the body is validated, so a caller without the token learns nothing more."""
+        if credentials is None or not token.admits(credentials.credentials):
+            raise _NotTheExecutor()
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -165,7 +199,7 @@ def create_sim_app(model: SimModel | None = None, *, action_seconds: float = 0.2
         state.action_seconds = float(seconds)
         return {"actionSeconds": state.action_seconds}
 
-    @app.post("/actions/{action}", response_model=None)
+    @app.post("/actions/{action}", response_model=None, dependencies=[Depends(executor_only)])
     def act(action: str, body: ActionRequest) -> dict[str, Any] | JSONResponse:
         if action not in ACTIONS:
             return _error(404, f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
@@ -188,7 +222,7 @@ def create_sim_app(model: SimModel | None = None, *, action_seconds: float = 0.2
         except (InvalidAction, KeyReused) as exc:
             return _error(422, str(exc))
 
-    @app.get("/actions/{idempotency_key:path}", response_model=None)
+    @app.get("/actions/{idempotency_key:path}", response_model=None, dependencies=[Depends(executor_only)])
     def lookup(idempotency_key: str) -> dict[str, Any] | JSONResponse:
         recorded = state.lookup(idempotency_key)
         if recorded is None:

@@ -1,14 +1,16 @@
-"""Where the sim listens and how long its actions take (``FLOTILLA_SIM_*``)."""
+"""Where the sim listens, how long its actions take and who may act (``FLOTILLA_SIM_*``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.fleet import SIM
+from services.sim.auth import check_action_token
 
 
 class SimSettings(ServiceSettings):
@@ -18,6 +20,16 @@ class SimSettings(ServiceSettings):
     sim_host: str = "127.0.0.1"
     sim_port: int = SIM.http_port
     sim_action_seconds: float = 0.2  # simulated time every action takes
+    # The bearer token the action API requires (the executor's setting of the same name).
+    # No default: the sim does not start without one (services/sim/__main__.py).
+    sim_action_token: SecretStr | None = None
+
+    @field_validator("sim_action_token")
+    @classmethod
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_action_token(value.get_secret_value())
+        return value
 
     @classmethod
     def load(cls, **overrides: Any) -> SimSettings:

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from flotilla.testing.producing import ordered_producer
 from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+FLEETCTL = REPO_ROOT / "infra" / "local" / "fleetctl.py"
 APPROVER = "alice-token"
 VIEWER = "bob-token"
 
@@ -127,7 +129,21 @@ class Fleet:
         return http(method, url(member) + path, body, token)
 
     def sim(self, method: str, path: str, body: object | None = None) -> Any:
+        """The sim's read API and test controls (services, faults, reset, settings): no token."""
         return self.call(SIM, method, path, body)
+
+    def sim_action(self, method: str, path: str, body: object | None = None) -> Any:
+        """The sim's action API (``/actions``), as the executor calls it: with the action token."""
+        return self.call(SIM, method, path, body, self.sim_action_token)
+
+    @cached_property
+    def sim_action_token(self) -> str:
+        """The token the local fleet gave the sim and the executor (fleetctl made it on ``up``)."""
+        done = subprocess.run(
+            [sys.executable, str(FLEETCTL), "sim-token-file"], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return Path(done.stdout.strip()).read_text().strip()
 
     def reset_sim(self) -> None:
         self.sim("POST", "/reset", {})
@@ -189,7 +205,7 @@ class Fleet:
     def pid(self, service: str) -> int:
         """The process id of a member, from its supervisor."""
         done = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "pid", service],
+            [sys.executable, str(FLEETCTL), "pid", service],
             capture_output=True,
             text=True,
             timeout=30,
@@ -206,7 +222,7 @@ class Fleet:
 
     def restart(self, service: str) -> None:
         done = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py"), "restart", service],
+            [sys.executable, str(FLEETCTL), "restart", service],
             capture_output=True,
             text=True,
             timeout=120,

@@ -60,6 +60,7 @@ def standby(fleet: Fleet) -> Iterator[ExecutorProcess]:
         "FLOTILLA_SERVICE_DATABASE": str(EXECUTOR.database),
         "FLOTILLA_HTTP_PORT": str(STANDBY_PORT),
         "FLOTILLA_EXECUTOR_ID": STANDBY_ID,
+        "FLOTILLA_SIM_ACTION_TOKEN": fleet.sim_action_token,  # as the fleet's executor holds it
         "PYTHONUNBUFFERED": "1",
     }
     STANDBY_LOG.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +147,7 @@ def test_an_executor_paused_past_its_lease_is_fenced_out(fleet: Fleet, watch: Wa
         assert settled == ("APPLIED", taken[0], taken[1]), settled
         # The target refuses anything carrying the old epoch on that resource.
         with pytest.raises(HttpError) as stale:
-            fleet.sim(
+            fleet.sim_action(
                 "POST",
                 "/actions/restart",
                 {
@@ -166,7 +167,7 @@ def test_an_executor_paused_past_its_lease_is_fenced_out(fleet: Fleet, watch: Wa
     watch.settle(3)
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
     assert not watch.of(incident, "CommandFailed")
-    applied = fleet.sim("GET", f"/actions/{key}")
+    applied = fleet.sim_action("GET", f"/actions/{key}")
     assert applied["status"] == "applied"
     # Both executors answer again, and the one that was frozen kept its process.
     for e in executors.values():

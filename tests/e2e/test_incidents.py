@@ -51,7 +51,7 @@ def test_happy_path_with_a_human_approval(fleet: Fleet, watch: Watch) -> None:
     opened = [s for s in watch.seen if s.kind == "ServiceLatencyIncreased" and s.value["service"] == DEMO_SERVICE]
     assert len(opened) == 1
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
-    assert fleet.sim("GET", f"/actions/{incident}:scale:12")["status"] == "applied"
+    assert fleet.sim_action("GET", f"/actions/{incident}:scale:12")["status"] == "applied"
     # causation links the chain back to the opening fact
     assert executed.envelope.causationid is not None
     verdict = fleet.audit_verify()
@@ -196,7 +196,7 @@ def test_the_executor_killed_mid_action_acts_exactly_once(fleet: Fleet, watch: W
         while True:  # the executor has called the sim: the action is in flight
             assert time.monotonic() < deadline, "the executor never started the action"
             try:
-                fleet.sim("GET", f"/actions/{key}")
+                fleet.sim_action("GET", f"/actions/{key}")
                 break  # already applied: too late to kill mid-action, still a valid run
             except HttpError:
                 if fleet.executor_pending(key):
@@ -208,7 +208,7 @@ def test_the_executor_killed_mid_action_acts_exactly_once(fleet: Fleet, watch: W
         fleet.sim("PUT", "/settings", {"actionSeconds": 0.1})
     watch.settle(3)
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
-    assert fleet.sim("GET", f"/actions/{key}")["status"] == "applied"
+    assert fleet.sim_action("GET", f"/actions/{key}")["status"] == "applied"
 
 
 def as_json(value: Any) -> Any:

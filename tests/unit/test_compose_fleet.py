@@ -303,6 +303,24 @@ def test_the_demo_operator_token_default_is_the_services_own(services: dict[str,
     assert tokens == [DEMO_OPERATOR_DIGEST]
 
 
+def test_only_the_sim_and_the_executor_hold_the_action_token(services: dict[str, dict[str, Any]]) -> None:
+    from services.sim.auth import check_action_token
+
+    key = "FLOTILLA_SIM_ACTION_TOKEN"
+    raw = {
+        name: str(svc["environment"][key]) for name, svc in services.items() if key in (svc.get("environment") or {})
+    }
+    assert set(raw) == {fleet.SIM.name, fleet.EXECUTOR.name}
+    # One interpolation of one variable: setting it in .env changes both, never only one.
+    assert raw[fleet.SIM.name] == raw[fleet.EXECUTOR.name]
+    interpolated = INTERPOLATION.fullmatch(raw[fleet.SIM.name])
+    assert interpolated is not None and interpolated.group(1) == key
+    default = resolved(raw[fleet.SIM.name])
+    assert check_action_token(default) == default  # the demo default is one the sim starts with
+    documented = [line for line in DEMO_ENV.read_text().splitlines() if line.startswith(f"{key}=")]
+    assert documented == [f"{key}={default}"]
+
+
 def test_the_audit_key_lives_on_a_volume(services: dict[str, dict[str, Any]]) -> None:
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
     key = Path(env_of(services["audit"])["FLOTILLA_AUDIT_SIGNING_KEY_FILE"])

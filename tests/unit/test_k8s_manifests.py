@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from pydantic_settings import BaseSettings
 
 from flotilla.connectors import connector_name, outbox_connector_config
 from flotilla.settings import StackSettings
+from services.executor.namespaces import EnvironmentNamespaces
 from services.fleet import BY_NAME, FLEET, SIM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +89,7 @@ SECRETS = {
     "flotilla-console",
     "flotilla-audit-signing-key",
     "flotilla-console-tls",
+    "flotilla-sim-action-token",  # dev: the sim's action API admits only the executor
     # Made by Strimzi (production): one per KafkaUser, and the cluster CA (copied in).
     *KAFKA_USERS.values(),
     CONNECT_USER,
@@ -436,6 +439,25 @@ def test_secrets_are_referenced_never_written(overlay: str, objects: tuple[dict[
         assert {t["secretName"] for t in ingress["spec"].get("tls", [])} <= SECRETS
 
 
+def test_only_the_sim_and_the_executor_hold_the_sim_action_token(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    holders: dict[str, Any] = {}
+    for workload in workloads(objects):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            value = container_env(objects, container).get("FLOTILLA_SIM_ACTION_TOKEN")
+            if value is not None:
+                holders[member_of(workload)] = value
+    if overlay == "production":
+        assert holders == {}  # no sim: nothing to hold a token for
+        return
+    assert set(holders) == {SIM.name, "executor"}
+    for member, value in holders.items():
+        # from the one Secret, required (no pod starts with an empty token), never a literal
+        assert isinstance(value, dict) and "value" not in value, f"{member}: a literal token"
+        assert value["valueFrom"] == {"secretKeyRef": {"name": "flotilla-sim-action-token", "key": "token"}}, member
+
+
 def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
     refs = {(owner, name): ref for owner, name, ref in _secret_refs(objects)}
     for owner, name in [
@@ -771,6 +793,29 @@ def test_network_policies_select_pods_that_exist(objects: tuple[dict[str, Any], 
             assert selects(metrics["spec"]["podSelector"], labels), owner
 
 
+def _served_namespaces(objects: tuple[dict[str, Any], ...]) -> EnvironmentNamespaces | None:
+    """The executor's environment -> namespace map (FLOTILLA_KUBERNETES_NAMESPACES), as it
+    reads it (validated), or None when the overlay sets none."""
+    executor = configmap_data(objects, _configmap_of(objects, "executor"))
+    raw = executor.get("FLOTILLA_KUBERNETES_NAMESPACES")
+    return None if raw is None else EnvironmentNamespaces(json.loads(raw))
+
+
+def test_each_environment_is_served_from_its_own_namespace(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    for workload in workloads(objects):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            # the single namespace that served every environment (a dev command reached production)
+            assert "FLOTILLA_KUBERNETES_NAMESPACE" not in container_env(objects, container), ident(workload)
+    served = _served_namespaces(objects)
+    fleet_namespace = named(objects, "Deployment", "executor")["metadata"]["namespace"]
+    if overlay == "dev":
+        # dev acts on the sim; were a Kubernetes target ever added, never on production.
+        assert served is None or "production" not in served, served
+        return
+    assert served is not None and "production" in served
+    assert fleet_namespace not in served.values(), "the executor must not act on the fleet's own Deployments"
+
+
 def test_only_the_production_executor_talks_to_the_kubernetes_api(
     overlay: str, objects: tuple[dict[str, Any], ...]
 ) -> None:
@@ -785,13 +830,25 @@ def test_only_the_production_executor_talks_to_the_kubernetes_api(
         assert automounted == [] and roles == [] and bindings == []
         return
     assert automounted == ["executor"]
-    executor = configmap_data(objects, _configmap_of(objects, "executor"))
-    (role,) = roles
-    (binding,) = bindings
-    assert role["metadata"]["namespace"] == executor["FLOTILLA_KUBERNETES_NAMESPACE"]
-    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
-    rules = {(r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
-    assert rules == {("deployments", ("get", "list", "patch")), ("deployments/scale", ("get", "patch"))}
+    served = _served_namespaces(objects)
+    assert served is not None
+    # Exactly one Role and one RoleBinding in each served namespace, and none anywhere else:
+    # the executor may patch the Deployments of the environments it serves, nothing more.
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(served.values())
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(served.values())
     fleet_namespace = named(objects, "Deployment", "executor")["metadata"]["namespace"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "executor", "namespace": fleet_namespace}]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    for namespace in served.values():
+        (role,) = [r for r in roles if r["metadata"]["namespace"] == namespace]
+        (binding,) = [b for b in bindings if b["metadata"]["namespace"] == namespace]
+        rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
+        assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
+        assert rules == {
+            ("apps", "deployments", ("get", "list", "patch")),
+            ("apps", "deployments/scale", ("get", "patch")),
+        }, f"{ident(role)} in {namespace}"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "executor", "namespace": fleet_namespace}]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }

@@ -78,7 +78,7 @@ def simulated() -> dict[str, Metric]:
     """The sim's metrics, from its own /metrics (a registry of the app's own)."""
     from services.sim.app import create_sim_app
 
-    text = TestClient(create_sim_app()).get("/metrics").text
+    text = TestClient(create_sim_app(action_token="a-token-nobody-here-uses")).get("/metrics").text
     found = {}
     for family in text_string_to_metric_families(text):
         labels = frozenset(k for s in family.samples for k in s.labels)

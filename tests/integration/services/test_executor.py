@@ -730,13 +730,21 @@ def test_recovery_failed_compensates_completed_steps_in_reverse_order(
 # ------------------------------------------------------------------ the real sim
 
 
+SIM_ACTION_TOKEN = "executor-integration-sim-token"
+
+
 @pytest.fixture()
 def sim() -> Iterator[str]:
     """``python -m services.sim`` on a free port; its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "FLOTILLA_SIM_PORT": str(port), "FLOTILLA_SIM_ACTION_SECONDS": "0.05"}
+    env = {
+        **os.environ,
+        "FLOTILLA_SIM_PORT": str(port),
+        "FLOTILLA_SIM_ACTION_SECONDS": "0.05",
+        "FLOTILLA_SIM_ACTION_TOKEN": SIM_ACTION_TOKEN,
+    }
     proc = subprocess.Popen([sys.executable, "-m", "services.sim"], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -775,7 +783,7 @@ def test_against_the_sim_a_failed_step_is_compensated_and_stale_tokens_are_refus
     produce_command(stack, serde, topics[0], commands.SCALE, scale, event_id=str(uuid.uuid4()))  # re-sent
     produce_command(stack, serde, topics[0], commands.ROLLBACK, rollback)
     with (
-        SimTarget(sim) as target,
+        SimTarget(sim, SIM_ACTION_TOKEN) as target,
         executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _),
     ):
         drain(loop, 3)

@@ -19,10 +19,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.executor.targets import SimTarget, StaleFencingToken
+from services.executor.targets import SimTarget, StaleFencingToken, TargetRejected
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 KEY = "incident-204:scale:12"
+ACTION_TOKEN = "integration-sim-action-token"
 
 
 def _free_port() -> int:
@@ -32,9 +33,7 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture
-def sim_url(tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+def _sim_env(tmp_path: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
     env.update(
         FLOTILLA_SIM_HOST="127.0.0.1",
@@ -42,6 +41,13 @@ def sim_url(tmp_path: Path) -> Iterator[str]:
         FLOTILLA_SIM_ACTION_SECONDS="0.1",
         FLOTILLA_ENV_FILE=str(tmp_path / "absent.env"),
     )
+    return env
+
+
+@pytest.fixture
+def sim_url(tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    env = {**_sim_env(tmp_path, port), "FLOTILLA_SIM_ACTION_TOKEN": ACTION_TOKEN}
     with (tmp_path / "sim.log").open("w+") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "services.sim"], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -96,7 +102,7 @@ def test_fault_scale_replay_and_stale_token(sim_url: str) -> None:
     assert fault.status_code == 201
     assert _checkout_p95(sim_url) > 1500
 
-    with SimTarget(sim_url, timeout=5) as target:
+    with SimTarget(sim_url, ACTION_TOKEN, timeout=5) as target:
         result = target.apply("scale", "production/checkout-api", {"replicas": 12}, KEY, 1, "executor-it")
         assert (result.replayed, result.before["replicas"], result.after["replicas"]) == (False, 4, 12)
         assert result.duration_ms >= 100  # FLOTILLA_SIM_ACTION_SECONDS reached the process
@@ -114,3 +120,26 @@ def test_fault_scale_replay_and_stale_token(sim_url: str) -> None:
 
     assert httpx.get(f"{sim_url}/services/checkout-api").json()["replicas"] == 12
     assert _checkout_p95(sim_url) < 500
+
+
+def test_only_the_token_holder_acts(sim_url: str) -> None:
+    with SimTarget(sim_url, "someone-elses-sim-token", timeout=5) as stranger, pytest.raises(TargetRejected) as caught:
+        stranger.apply("scale", "production/checkout-api", {"replicas": 20}, "intruder", 2**62, "mallory")
+    assert caught.value.status == 401
+    refused = httpx.post(f"{sim_url}/actions/scale", json={"resource": "checkout-api", "params": {"replicas": 20}})
+    assert refused.status_code == 401
+    service = httpx.get(f"{sim_url}/services/checkout-api").json()
+    assert (service["replicas"], service["newestFencingToken"]) == (4, None)
+
+
+def test_the_sim_does_not_start_without_a_token(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.sim"],
+        cwd=REPO_ROOT,
+        env=_sim_env(tmp_path, _free_port()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FLOTILLA_SIM_ACTION_TOKEN is not set" in done.stderr

@@ -224,7 +224,8 @@ def test_against_the_real_sim_the_demo_is_payments_api_and_4_to_12() -> None:
     from services.reasoner import SimClient
     from tests.fakes.fake_openai import ThreadedServer
 
-    with ThreadedServer(sim_app.create_sim_app(action_seconds=0)) as server:
+    action_token = "the-executors-sim-action-token"
+    with ThreadedServer(sim_app.create_sim_app(action_seconds=0, action_token=action_token)) as server:
         client = SimClient(server.url)
         healthy = client.snapshot()
         learned = dict(healthy.dependency_p95)
@@ -250,6 +251,7 @@ def test_against_the_real_sim_the_demo_is_payments_api_and_4_to_12() -> None:
                 "idempotencyKey": "t:scale:12",
                 "fencingToken": 1,
             },
+            headers={"Authorization": f"Bearer {action_token}"},  # as the executor acts
         )
         assert applied.status_code == 200, applied.text
         assert client.snapshot().services["checkout-api"].p95_ms < 500

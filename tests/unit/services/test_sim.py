@@ -20,6 +20,8 @@ from services.sim.state import SimState
 
 CHECKOUT = "checkout-api"
 FAILOVER = {"dependency": "payments-api", "toTarget": "payments-api-secondary"}
+ACTION_TOKEN = "executor-only-sim-action-token"
+EXECUTOR = {"Authorization": f"Bearer {ACTION_TOKEN}"}  # what the executor's SimTarget sends
 
 # -- the model -----------------------------------------------------------------------
 
@@ -250,7 +252,8 @@ def test_more_replicas_never_slow_a_service_down(faults: list[int], replicas: in
 
 
 def _client(action_seconds: float = 0.0) -> TestClient:
-    return TestClient(create_sim_app(action_seconds=action_seconds))
+    """A client that holds the action token, as the executor does."""
+    return TestClient(create_sim_app(action_seconds=action_seconds, action_token=ACTION_TOKEN), headers=EXECUTOR)
 
 
 def _state(client: TestClient) -> SimState:
@@ -541,7 +544,7 @@ def test_reset_restores_everything() -> None:
 def test_reset_returns_to_the_model_the_app_was_given() -> None:
     model = SimModel.default()
     model.apply("scale", "search-api", {"replicas": 5})
-    client = TestClient(create_sim_app(model, action_seconds=0))
+    client = TestClient(create_sim_app(model, action_seconds=0, action_token=ACTION_TOKEN), headers=EXECUTOR)
     client.post("/actions/scale", json=_action(resource="search-api", params={"replicas": 9}))
     client.post("/reset")
     assert _replicas(client, "search-api") == 5
@@ -625,9 +628,125 @@ def test_action_time_can_be_changed_at_run_time() -> None:
 
     from services.sim.app import create_sim_app
 
-    client = TestClient(create_sim_app(action_seconds=0.0))
+    client = TestClient(create_sim_app(action_seconds=0.0, action_token=ACTION_TOKEN))
     assert client.get("/settings").json() == {"actionSeconds": 0.0}
     assert client.put("/settings", json={"actionSeconds": 1.5}).json() == {"actionSeconds": 1.5}
     assert client.put("/settings", json={"actionSeconds": -1}).status_code == 422
     assert client.put("/settings", json={"actionSeconds": "slow"}).status_code == 422
     assert client.get("/settings").json() == {"actionSeconds": 1.5}
+
+
+# -- who may act -----------------------------------------------------------------------
+
+
+def _stranger(client: TestClient) -> TestClient:
+    """A client of the same sim without the executor's token."""
+    return TestClient(client.app)
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Bearer not-the-sim-action-token",
+        f"Bearer {ACTION_TOKEN}x",
+        f"Bearer {ACTION_TOKEN[:-1]}",
+        f"Basic {ACTION_TOKEN}",
+        ACTION_TOKEN,
+        "Bearer",
+    ],
+)
+def test_an_action_without_the_action_token_is_refused_and_changes_nothing(authorization: str | None) -> None:
+    client = _client()
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    stranger = _stranger(client)
+    response = stranger.post("/actions/scale", json=_action(params={"replicas": 20}, token=2**62), headers=headers)
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert "action token" in response.json()["error"]
+    assert _replicas(client) == 4
+    assert _state(client).applied == 0
+    assert _state(client).newest_token(CHECKOUT) is None  # no fencing token claimed either
+    assert client.get(f"/services/{CHECKOUT}").json()["newestFencingToken"] is None
+
+
+def test_the_ledger_is_the_executors_too() -> None:
+    client = _client()
+    applied = client.post("/actions/scale", json=_action()).json()
+    stranger = _stranger(client)
+    for key in ("incident-204:scale:12", "never-applied"):  # the same answer whether the key exists or not
+        refused = stranger.get(f"/actions/{key}", headers={"Authorization": "Bearer not-the-sim-action-token"})
+        assert refused.status_code == 401
+        assert "incident-204" not in refused.text
+    assert client.get("/actions/incident-204:scale:12").json() == applied
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/actions/scale", {k: v for k, v in _action().items() if k != "idempotencyKey"}),
+        ("/actions/explode", _action()),
+        ("/actions/scale", _action(resource="nope")),
+        ("/actions/scale", _action(params={"replicas": 0})),
+    ],
+)
+def test_the_token_is_checked_before_the_request(path: str, body: dict[str, Any]) -> None:
+    """Without the token a caller learns nothing about actions, resources or parameters."""
+    response = _stranger(_client()).post(path, json=body)
+    assert response.status_code == 401
+    assert "action token" in response.json()["error"]
+
+
+def test_the_read_api_and_the_harness_controls_need_no_token() -> None:
+    client = _client()
+    stranger = _stranger(client)
+    assert stranger.get("/healthz").status_code == 200
+    assert stranger.get("/services").status_code == 200
+    assert stranger.get(f"/services/{CHECKOUT}").status_code == 200
+    assert stranger.get("/metrics").status_code == 200
+    fault = stranger.post("/faults", json={"service": "payments-api", "kind": "dependency-slow"})
+    assert fault.status_code == 201
+    assert stranger.delete(f"/faults/{fault.json()['id']}").status_code == 200
+    assert stranger.put("/settings", json={"actionSeconds": 0.5}).status_code == 200
+    assert stranger.post("/reset").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("token", "fragment"),
+    [("", "at least 16"), ("short-token", "at least 16"), ("a token with spaces in it", "whitespace")],
+)
+def test_a_sim_is_not_made_without_a_usable_token(token: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        create_sim_app(action_token=token)
+
+
+def test_the_token_is_kept_as_a_digest() -> None:
+    from services.sim.auth import ActionToken
+
+    kept = ActionToken(ACTION_TOKEN)
+    assert ACTION_TOKEN not in repr(kept) and ACTION_TOKEN.encode() not in vars(kept).values()
+    assert kept.admits(ACTION_TOKEN) and not kept.admits(None) and not kept.admits("")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_sim_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from services.sim import __main__ as entry
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    with pytest.raises(SystemExit) as refused:
+        entry.main()
+    assert "FLOTILLA_SIM_ACTION_TOKEN is not set" in str(refused.value.code)
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "too-short")
+    with pytest.raises(ValidationError, match="at least 16"):
+        entry.main()
+    assert served == []
+
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", ACTION_TOKEN)
+    entry.main()
+    (app,) = served
+    assert TestClient(app).post("/actions/scale", json=_action()).status_code == 401
+    assert TestClient(app, headers=EXECUTOR).post("/actions/scale", json=_action()).status_code == 200

@@ -14,7 +14,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +23,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
+from services.executor.namespaces import NamespaceMapError
+from services.executor.settings import ExecutorSettings
 from services.executor.targets import (
     ActionResult,
     ActionTarget,
@@ -36,6 +40,7 @@ from services.sim import create_sim_app
 
 CHECKOUT = "checkout-api"
 KEY = "incident-204:scale:12"
+SIM_TOKEN = "sim-action-token-for-the-tests"
 
 
 def serve(app: FastAPI) -> Iterator[str]:
@@ -101,12 +106,12 @@ def test_errors_say_whether_to_retry() -> None:
 
 @pytest.fixture
 def sim_url() -> Iterator[str]:
-    yield from serve(create_sim_app(action_seconds=0.05))
+    yield from serve(create_sim_app(action_seconds=0.05, action_token=SIM_TOKEN))
 
 
 @pytest.fixture
 def sim(sim_url: str) -> Iterator[SimTarget]:
-    with SimTarget(sim_url, timeout=5) as target:
+    with SimTarget(sim_url, SIM_TOKEN, timeout=5) as target:
         yield target
 
 
@@ -161,7 +166,7 @@ def test_sim_target_rejections(sim: SimTarget, action: str, resource: str, param
 
 
 def test_sim_target_unreachable() -> None:
-    with SimTarget(f"http://127.0.0.1:{free_port()}", timeout=1) as target:
+    with SimTarget(f"http://127.0.0.1:{free_port()}", SIM_TOKEN, timeout=1) as target:
         with pytest.raises(TargetUnavailable):
             target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
         with pytest.raises(TargetUnavailable):
@@ -177,7 +182,10 @@ def test_sim_target_unreachable() -> None:
     ],
 )
 def test_sim_target_server_trouble_is_retryable(answer: Callable[[httpx.Request], httpx.Response]) -> None:
-    with SimTarget("http://sim", transport=httpx.MockTransport(answer)) as target, pytest.raises(TargetUnavailable):
+    with (
+        SimTarget("http://sim", SIM_TOKEN, transport=httpx.MockTransport(answer)) as target,
+        pytest.raises(TargetUnavailable),
+    ):
         target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
 
 
@@ -185,7 +193,10 @@ def test_sim_target_timeout_is_retryable() -> None:
     def hang(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
 
-    with SimTarget("http://sim", transport=httpx.MockTransport(hang)) as target, pytest.raises(TargetUnavailable):
+    with (
+        SimTarget("http://sim", SIM_TOKEN, transport=httpx.MockTransport(hang)) as target,
+        pytest.raises(TargetUnavailable),
+    ):
         target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
 
 
@@ -196,9 +207,13 @@ def test_sim_target_sends_the_contract_body() -> None:
         seen.append(request)
         return httpx.Response(409, json={"error": "stale fencing token", "fencingToken": 2, "newestToken": 3})
 
-    with SimTarget("http://sim/", transport=httpx.MockTransport(record)) as target, pytest.raises(StaleFencingToken):
+    with (
+        SimTarget("http://sim/", SIM_TOKEN, transport=httpx.MockTransport(record)) as target,
+        pytest.raises(StaleFencingToken),
+    ):
         target.apply("failover", CHECKOUT, {"dependency": "d", "toTarget": "t"}, "k:1", 2, "exec-1")
     assert seen[0].method == "POST" and seen[0].url.path == "/actions/failover"
+    assert seen[0].headers["authorization"] == f"Bearer {SIM_TOKEN}"
     assert json.loads(seen[0].content) == {
         "resource": CHECKOUT,
         "params": {"dependency": "d", "toTarget": "t"},
@@ -208,9 +223,48 @@ def test_sim_target_sends_the_contract_body() -> None:
     }
 
 
+def test_sim_target_with_a_wrong_token_is_refused_and_acts_on_nothing(sim: SimTarget, sim_url: str) -> None:
+    applied = sim.apply("scale", "production/checkout-api", {"replicas": 12}, KEY, 1, "executor-a")
+    with SimTarget(sim_url, "not-the-sim-action-token", timeout=5) as wrong:
+        with pytest.raises(TargetRejected) as caught:
+            wrong.apply("scale", "production/checkout-api", {"replicas": 3}, "intruder", 9, "mallory")
+        assert (caught.value.status, caught.value.retryable) == (401, False)
+        with pytest.raises(TargetRejected) as looked:  # the ledger is the executor's too
+            wrong.lookup(KEY)
+        assert looked.value.status == 401
+    assert httpx.get(f"{sim_url}/services/checkout-api").json()["replicas"] == 12
+    assert sim.lookup("intruder") is None and sim.lookup(KEY) == applied
+
+
+def test_sim_target_needs_a_token() -> None:
+    with pytest.raises(ValueError, match="token"):
+        SimTarget("http://sim", "")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_executor_does_not_build_a_sim_target_without_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="FLOTILLA_SIM_ACTION_TOKEN is not set"):
+        ExecutorSettings.load().build_target()
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "  ")
+    with pytest.raises(ValidationError, match="FLOTILLA_SIM_ACTION_TOKEN is empty"):
+        ExecutorSettings.load()
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", SIM_TOKEN)
+    seen: list[httpx.Request] = []
+    target = ExecutorSettings.load().build_target()
+    assert isinstance(target, SimTarget)
+    target._client._transport = httpx.MockTransport(lambda r: seen.append(r) or httpx.Response(404, json={}))
+    assert target.lookup(KEY) is None
+    assert seen[0].headers["authorization"] == f"Bearer {SIM_TOKEN}"
+
+
 # -- a fake Kubernetes API -------------------------------------------------------------
 
-NAMESPACE = "shop"
+PRODUCTION = "apps"  # production's namespace
+DEV = "apps-dev"  # dev's
+UNSERVED = "shop"  # a namespace the target is not configured for
+NAMESPACES = {"production": PRODUCTION, "dev": DEV}
+PROD_CHECKOUT = f"production/{CHECKOUT}"
+PROD_SEARCH = "production/search-api"
 BEARER = "s3cret"
 
 
@@ -233,27 +287,32 @@ def status(code: int, reason: str, message: str) -> JSONResponse:
 
 
 class FakeKubernetes:
-    """Deployments in one namespace, enough of apps/v1 for KubernetesTarget.
+    """Deployments in namespaces, enough of apps/v1 for KubernetesTarget.
 
-    ``before_patch`` holds callables run (one per PATCH, first in first out) just before
-    a PATCH is handled: another writer slipping in between a read and a write.
+    Production (``apps``) has checkout-api (4 replicas) and search-api (2); dev
+    (``apps-dev``) has checkout-dev (2). ``requests`` logs every call as ``(method,
+    path)``; ``patches`` every PATCH as ``(<namespace>/<name>[/scale], content type,
+    body)``. ``before_patch`` holds callables run (one per PATCH, first in first out)
+    just before a PATCH is handled: another writer slipping in between a read and a write.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version = 100
-        self.deployments: dict[str, dict[str, Any]] = {}
-        self.patches: list[tuple[str, str, dict[str, Any]]] = []  # (path, content type, body)
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
         self.before_patch: list[Callable[[FakeKubernetes], None]] = []
         self.fail_with: int | None = None
         self.add(CHECKOUT, replicas=4)
         self.add("search-api", replicas=2)
+        self.add("checkout-dev", replicas=2, namespace=DEV)
 
-    def add(self, name: str, replicas: int) -> None:
-        self.deployments[name] = {
+    def add(self, name: str, replicas: int, namespace: str = PRODUCTION) -> None:
+        self.deployments[(namespace, name)] = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": self._next(), "annotations": {}},
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": self._next(), "annotations": {}},
             "spec": {"replicas": replicas, "template": {"metadata": {"labels": {"app": name}}, "spec": {}}},
         }
 
@@ -261,33 +320,46 @@ class FakeKubernetes:
         self.version += 1
         return str(self.version)
 
-    def write(self, name: str, patch: dict[str, Any]) -> None:
+    def write(self, name: str, patch: dict[str, Any], namespace: str = PRODUCTION) -> None:
         """Another writer's unconditional merge patch."""
         with self.lock:
-            self._apply(name, patch)
+            self._apply((namespace, name), patch)
 
-    def _apply(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def _apply(self, where: tuple[str, str], patch: dict[str, Any]) -> dict[str, Any]:
         patch = copy.deepcopy(patch)
         patch.get("metadata", {}).pop("resourceVersion", None)
-        updated: dict[str, Any] = merge_patch(self.deployments[name], patch)
+        updated: dict[str, Any] = merge_patch(self.deployments[where], patch)
         updated["metadata"]["resourceVersion"] = self._next()
-        self.deployments[name] = updated
+        self.deployments[where] = updated
         return updated
 
-    def replicas(self, name: str = CHECKOUT) -> int:
-        replicas: int = self.deployments[name]["spec"]["replicas"]
+    def deployment(self, name: str = CHECKOUT, namespace: str = PRODUCTION) -> dict[str, Any]:
+        return self.deployments[(namespace, name)]
+
+    def replicas(self, name: str = CHECKOUT, namespace: str = PRODUCTION) -> int:
+        replicas: int = self.deployment(name, namespace)["spec"]["replicas"]
         return replicas
 
-    def annotations(self, name: str = CHECKOUT) -> dict[str, str]:
-        annotations: dict[str, str] = self.deployments[name]["metadata"]["annotations"]
+    def annotations(self, name: str = CHECKOUT, namespace: str = PRODUCTION) -> dict[str, str]:
+        annotations: dict[str, str] = self.deployment(name, namespace)["metadata"]["annotations"]
         return annotations
 
-    def scale_of(self, deployment: dict[str, Any]) -> dict[str, Any]:
+    def record(self, name: str, namespace: str, entry: dict[str, Any]) -> None:
+        """A result in the history annotation, written by someone else (or by a target that
+        ignored environments)."""
+        self.write(name, {"metadata": {"annotations": {KubernetesTarget.ACTIONS: json.dumps([entry])}}}, namespace)
+
+    @staticmethod
+    def scale_of(deployment: dict[str, Any]) -> dict[str, Any]:
         meta = deployment["metadata"]
         return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
-            "metadata": {"name": meta["name"], "namespace": NAMESPACE, "resourceVersion": meta["resourceVersion"]},
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
             "spec": {"replicas": deployment["spec"]["replicas"]},
             "status": {"replicas": deployment["spec"]["replicas"]},
         }
@@ -295,10 +367,11 @@ class FakeKubernetes:
     @property
     def app(self) -> FastAPI:
         app = FastAPI()
-        base = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
+        base = "/apis/apps/v1/namespaces/{namespace}/deployments"
 
         @app.middleware("http")
         async def guard(request: Request, call_next: Any) -> Any:
+            self.requests.append((request.method, request.url.path))
             if request.headers.get("authorization") != f"Bearer {BEARER}":
                 return status(401, "Unauthorized", "Unauthorized")
             if self.fail_with is not None:
@@ -306,28 +379,33 @@ class FakeKubernetes:
             return await call_next(request)
 
         @app.get(base)
-        def list_deployments() -> dict[str, Any]:
+        def list_deployments(namespace: str) -> dict[str, Any]:
             with self.lock:
-                return {"kind": "DeploymentList", "items": copy.deepcopy(list(self.deployments.values()))}
+                items = [d for (ns, _), d in self.deployments.items() if ns == namespace]
+                return {"kind": "DeploymentList", "items": copy.deepcopy(items)}
 
         @app.get(base + "/{name}", response_model=None)
-        def get_deployment(name: str) -> dict[str, Any] | JSONResponse:
+        def get_deployment(namespace: str, name: str) -> dict[str, Any] | JSONResponse:
             with self.lock:
-                if name not in self.deployments:
+                if (namespace, name) not in self.deployments:
                     return status(404, "NotFound", f'deployments.apps "{name}" not found')
-                return copy.deepcopy(self.deployments[name])
+                return copy.deepcopy(self.deployments[(namespace, name)])
 
         @app.patch(base + "/{name}", response_model=None)
-        async def patch_deployment(name: str, request: Request) -> dict[str, Any] | JSONResponse:
-            return self._patch(name, request.headers.get("content-type", ""), await request.body(), scale=False)
+        async def patch_deployment(namespace: str, name: str, request: Request) -> dict[str, Any] | JSONResponse:
+            content_type = request.headers.get("content-type", "")
+            return self._patch((namespace, name), content_type, await request.body(), scale=False)
 
         @app.patch(base + "/{name}/scale", response_model=None)
-        async def patch_scale(name: str, request: Request) -> dict[str, Any] | JSONResponse:
-            return self._patch(name, request.headers.get("content-type", ""), await request.body(), scale=True)
+        async def patch_scale(namespace: str, name: str, request: Request) -> dict[str, Any] | JSONResponse:
+            content_type = request.headers.get("content-type", "")
+            return self._patch((namespace, name), content_type, await request.body(), scale=True)
 
         return app
 
-    def _patch(self, name: str, content_type: str, raw: bytes, *, scale: bool) -> dict[str, Any] | JSONResponse:
+    def _patch(
+        self, where: tuple[str, str], content_type: str, raw: bytes, *, scale: bool
+    ) -> dict[str, Any] | JSONResponse:
         if content_type != "application/merge-patch+json":
             return status(
                 415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}"
@@ -336,18 +414,18 @@ class FakeKubernetes:
             self.before_patch.pop(0)(self)
         body = json.loads(raw)
         with self.lock:
-            self.patches.append((name + ("/scale" if scale else ""), content_type, body))
-            if name not in self.deployments:
-                return status(404, "NotFound", f'deployments.apps "{name}" not found')
-            current = self.deployments[name]
+            self.patches.append(("/".join(where) + ("/scale" if scale else ""), content_type, body))
+            if where not in self.deployments:
+                return status(404, "NotFound", f'deployments.apps "{where[1]}" not found')
+            current = self.deployments[where]
             wanted = body.get("metadata", {}).get("resourceVersion")
             if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
                 return status(
                     409, "Conflict", "the object has been modified; please apply your changes to the latest version"
                 )
             if scale:
-                return self.scale_of(self._apply(name, {"spec": {"replicas": body["spec"]["replicas"]}}))
-            return copy.deepcopy(self._apply(name, body))
+                return self.scale_of(self._apply(where, {"spec": {"replicas": body["spec"]["replicas"]}}))
+            return copy.deepcopy(self._apply(where, body))
 
 
 @pytest.fixture
@@ -362,7 +440,7 @@ def kube_url(cluster: FakeKubernetes) -> Iterator[str]:
 
 @pytest.fixture
 def kube(kube_url: str) -> Iterator[KubernetesTarget]:
-    with KubernetesTarget(kube_url, BEARER, NAMESPACE, verify=False) as target:
+    with KubernetesTarget(kube_url, BEARER, NAMESPACES, verify=False) as target:
         yield target
 
 
@@ -371,13 +449,15 @@ def test_kubernetes_target_is_an_action_target(kube: KubernetesTarget) -> None:
 
 
 def test_kubernetes_scale_goes_through_the_scale_subresource(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
-    result = kube.apply("scale", "production/checkout-api", {"replicas": 12}, KEY, 3, "executor-a")
+    result = kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 3, "executor-a")
     assert (result.before, result.after, result.replayed) == ({"replicas": 4}, {"replicas": 12}, False)
+    assert result.resource == PROD_CHECKOUT
     assert cluster.replicas() == 12
+    deployment = f"{PRODUCTION}/{CHECKOUT}"
     assert [(path, ctype) for path, ctype, _ in cluster.patches] == [
-        (CHECKOUT, "application/merge-patch+json"),  # the claim: the token, on the resourceVersion read
-        (CHECKOUT + "/scale", "application/merge-patch+json"),
-        (CHECKOUT, "application/merge-patch+json"),  # the record
+        (deployment, "application/merge-patch+json"),  # the claim: the token, on the resourceVersion read
+        (deployment + "/scale", "application/merge-patch+json"),
+        (deployment, "application/merge-patch+json"),  # the record
     ]
     assert all("resourceVersion" in body["metadata"] for _, _, body in cluster.patches)
     assert cluster.patches[1][2]["spec"] == {"replicas": 12}
@@ -388,10 +468,10 @@ def test_kubernetes_scale_goes_through_the_scale_subresource(kube: KubernetesTar
 
 
 def test_kubernetes_replay_writes_nothing(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
-    first = kube.apply("scale", CHECKOUT, {"replicas": 12}, KEY, 1, "a")
+    first = kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
     cluster.write(CHECKOUT, {"spec": {"replicas": 7}})  # someone scaled by hand since
     patches = len(cluster.patches)
-    again = kube.apply("scale", CHECKOUT, {"replicas": 12}, KEY, 1, "a")
+    again = kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
     assert again.replayed is True
     assert again.applied_at == first.applied_at and again.after == first.after
     assert len(cluster.patches) == patches
@@ -400,18 +480,18 @@ def test_kubernetes_replay_writes_nothing(kube: KubernetesTarget, cluster: FakeK
 
 def test_kubernetes_lookup(kube: KubernetesTarget) -> None:
     assert kube.lookup(KEY) is None
-    first = kube.apply("scale", CHECKOUT, {"replicas": 12}, KEY, 1, "a")
-    kube.apply("scale", CHECKOUT, {"replicas": 6}, "incident-205:scale:6", 1, "a")
-    kube.apply("scale", "search-api", {"replicas": 3}, "incident-206:scale:3", 1, "a")
+    first = kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
+    kube.apply("scale", PROD_CHECKOUT, {"replicas": 6}, "incident-205:scale:6", 1, "a")
+    kube.apply("scale", PROD_SEARCH, {"replicas": 3}, "incident-206:scale:3", 1, "a")
     found = kube.lookup(KEY)  # not the last key on its Deployment any more
     assert found == first
     other = kube.lookup("incident-206:scale:3")
-    assert other is not None and other.resource == "search-api"
+    assert other is not None and other.resource == PROD_SEARCH
 
 
 def test_kubernetes_history_is_bounded(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
     for i in range(KubernetesTarget.HISTORY + 3):
-        kube.apply("scale", CHECKOUT, {"replicas": 2 + i % 3}, f"k{i}", 1, "a")
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 2 + i % 3}, f"k{i}", 1, "a")
     history = json.loads(cluster.annotations()[KubernetesTarget.ACTIONS])
     assert len(history) == KubernetesTarget.HISTORY
     assert history[-1]["idempotencyKey"] == f"k{KubernetesTarget.HISTORY + 2}"
@@ -419,9 +499,9 @@ def test_kubernetes_history_is_bounded(kube: KubernetesTarget, cluster: FakeKube
 
 
 def test_kubernetes_stale_token(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
-    kube.apply("scale", CHECKOUT, {"replicas": 12}, KEY, 5, "b")
+    kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 5, "b")
     with pytest.raises(StaleFencingToken) as caught:
-        kube.apply("scale", CHECKOUT, {"replicas": 2}, "late", 4, "a")
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 2}, "late", 4, "a")
     assert (caught.value.token, caught.value.newest) == (4, 5)
     assert cluster.replicas() == 12
     assert kube.lookup("late") is None
@@ -440,7 +520,7 @@ def _newer_holder(token: int, replicas: int) -> Callable[[FakeKubernetes], None]
 def test_kubernetes_newer_holder_between_read_and_claim(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
     cluster.before_patch.append(_newer_holder(token=7, replicas=9))
     with pytest.raises(StaleFencingToken) as caught:
-        kube.apply("scale", CHECKOUT, {"replicas": 2}, "zombie", 6, "a")
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 2}, "zombie", 6, "a")
     assert caught.value.newest == 7
     assert cluster.replicas() == 9
     assert KubernetesTarget.LAST_KEY not in cluster.annotations()
@@ -449,17 +529,18 @@ def test_kubernetes_newer_holder_between_read_and_claim(kube: KubernetesTarget, 
 def test_kubernetes_newer_holder_between_claim_and_scale(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
     cluster.before_patch.extend([lambda c: None, _newer_holder(token=7, replicas=9)])
     with pytest.raises(StaleFencingToken):
-        kube.apply("scale", CHECKOUT, {"replicas": 2}, "zombie", 6, "a")
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 2}, "zombie", 6, "a")
     assert cluster.replicas() == 9
-    assert [path for path, _, _ in cluster.patches] == [CHECKOUT, CHECKOUT + "/scale"]  # the scale was refused
+    deployment = f"{PRODUCTION}/{CHECKOUT}"
+    assert [path for path, _, _ in cluster.patches] == [deployment, deployment + "/scale"]  # the scale was refused
 
 
 def test_kubernetes_unrelated_write_is_retried(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
     cluster.before_patch.append(lambda c: c.write(CHECKOUT, {"metadata": {"labels": {"team": "shop"}}}))
-    result = kube.apply("scale", CHECKOUT, {"replicas": 12}, KEY, 1, "a")
+    result = kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
     assert result.after == {"replicas": 12}
     assert cluster.replicas() == 12
-    assert cluster.deployments[CHECKOUT]["metadata"]["labels"] == {"team": "shop"}
+    assert cluster.deployment()["metadata"]["labels"] == {"team": "shop"}
     assert len(cluster.patches) == 4  # one refused claim, then claim, scale, record
 
 
@@ -469,20 +550,20 @@ def test_kubernetes_endless_conflicts_are_retryable(kube: KubernetesTarget, clus
 
     cluster.before_patch.extend(relabel(i) for i in range(20))
     with pytest.raises(TargetUnavailable):
-        kube.apply("scale", CHECKOUT, {"replicas": 12}, KEY, 1, "a")
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
     assert cluster.replicas() == 4
 
 
 def test_kubernetes_restart_is_one_write(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
-    result = kube.apply("restart", CHECKOUT, {"rolling": True}, "incident-3:restart", 2, "a")
+    result = kube.apply("restart", PROD_CHECKOUT, {"rolling": True}, "incident-3:restart", 2, "a")
     assert result.before == {"restartedAt": None}
-    template = cluster.deployments[CHECKOUT]["spec"]["template"]["metadata"]
+    template = cluster.deployment()["spec"]["template"]["metadata"]
     assert template["annotations"][KubernetesTarget.RESTARTED_AT] == result.after["restartedAt"]
     assert template["labels"] == {"app": CHECKOUT}  # merged, not replaced
     assert len(cluster.patches) == 1
     assert cluster.annotations()[KubernetesTarget.LAST_KEY] == "incident-3:restart"
     assert cluster.annotations()[KubernetesTarget.TOKEN] == "2"
-    assert kube.apply("restart", CHECKOUT, {"rolling": True}, "incident-3:restart", 2, "a").replayed
+    assert kube.apply("restart", PROD_CHECKOUT, {"rolling": True}, "incident-3:restart", 2, "a").replayed
     assert len(cluster.patches) == 1
 
 
@@ -501,31 +582,194 @@ def test_kubernetes_refuses_what_it_cannot_do(
     kube: KubernetesTarget, cluster: FakeKubernetes, action: str, params: dict[str, Any], fragment: str
 ) -> None:
     with pytest.raises(TargetRejected, match=fragment):
-        kube.apply(action, CHECKOUT, params, "k", 1, "a")
+        kube.apply(action, PROD_CHECKOUT, params, "k", 1, "a")
     assert cluster.patches == []
 
 
 def test_kubernetes_unknown_deployment(kube: KubernetesTarget) -> None:
     with pytest.raises(TargetRejected) as caught:
-        kube.apply("scale", "nope", {"replicas": 2}, "k", 1, "a")
+        kube.apply("scale", "production/nope", {"replicas": 2}, "k", 1, "a")
     assert caught.value.status == 404
 
 
 def test_kubernetes_wrong_credentials(kube_url: str) -> None:
-    with KubernetesTarget(kube_url, "wrong", NAMESPACE) as target, pytest.raises(TargetRejected) as caught:
-        target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
+    with KubernetesTarget(kube_url, "wrong", NAMESPACES) as target, pytest.raises(TargetRejected) as caught:
+        target.apply("scale", PROD_CHECKOUT, {"replicas": 2}, "k", 1, "a")
     assert caught.value.status == 401
 
 
 def test_kubernetes_server_errors_are_retryable(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
     cluster.fail_with = 503
     with pytest.raises(TargetUnavailable):
-        kube.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 2}, "k", 1, "a")
     with pytest.raises(TargetUnavailable):
         kube.lookup("k")
 
 
 def test_kubernetes_unreachable() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    with KubernetesTarget(url, BEARER, NAMESPACE, timeout=1) as target, pytest.raises(TargetUnavailable):
-        target.apply("scale", CHECKOUT, {"replicas": 2}, "k", 1, "a")
+    with KubernetesTarget(url, BEARER, NAMESPACES, timeout=1) as target, pytest.raises(TargetUnavailable):
+        target.apply("scale", PROD_CHECKOUT, {"replicas": 2}, "k", 1, "a")
+
+
+# -- environments: a namespace each, and nothing across ---------------------------------
+
+
+def _untouched(cluster: FakeKubernetes, before: dict[str, Any], name: str = CHECKOUT) -> None:
+    """Production's Deployment is exactly as it was: no replica, annotation or version change."""
+    assert cluster.deployment(name, PRODUCTION) == before
+
+
+def test_a_dev_command_never_touches_the_production_deployment_of_the_same_name(
+    kube: KubernetesTarget, cluster: FakeKubernetes
+) -> None:
+    before = copy.deepcopy(cluster.deployment(CHECKOUT, PRODUCTION))
+    with pytest.raises(TargetRejected) as caught:  # dev has no checkout-api: 404 from dev's namespace
+        kube.apply("scale", f"dev/{CHECKOUT}", {"replicas": 20}, "incident-9:scale:20", 1, "a")
+    assert caught.value.status == 404
+    with pytest.raises(TargetRejected):
+        kube.apply("restart", f"dev/{CHECKOUT}", {"rolling": True}, "incident-9:restart", 1, "a")
+    _untouched(cluster, before)
+    assert cluster.patches == []
+    assert {path for _, path in cluster.requests} == {f"/apis/apps/v1/namespaces/{DEV}/deployments/{CHECKOUT}"}
+
+
+def test_a_dev_command_acts_in_devs_namespace_only(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
+    cluster.add(CHECKOUT, replicas=2, namespace=DEV)  # the same name in both environments
+    before = copy.deepcopy(cluster.deployment(CHECKOUT, PRODUCTION))
+    result = kube.apply("scale", f"dev/{CHECKOUT}", {"replicas": 6}, "incident-9:scale:6", 1, "a")
+    assert (result.resource, result.before, result.after) == (f"dev/{CHECKOUT}", {"replicas": 2}, {"replicas": 6})
+    assert cluster.replicas(CHECKOUT, DEV) == 6
+    _untouched(cluster, before)
+    assert all(path.startswith(f"{DEV}/") for path, _, _ in cluster.patches)
+
+
+def test_an_environment_the_target_does_not_serve_is_refused_before_any_call(
+    kube_url: str, cluster: FakeKubernetes
+) -> None:
+    before = copy.deepcopy(cluster.deployment(CHECKOUT, PRODUCTION))
+    with KubernetesTarget(kube_url, BEARER, {"production": PRODUCTION}) as production_only:
+        with pytest.raises(TargetRejected) as caught:
+            production_only.apply("scale", f"dev/{CHECKOUT}", {"replicas": 20}, "incident-9:scale:20", 1, "a")
+        message = str(caught.value)
+        assert "'dev'" in message and "production (namespace apps)" in message  # what was asked, what is served
+        assert not caught.value.retryable
+        with pytest.raises(TargetRejected, match="staging"):
+            production_only.apply("restart", f"staging/{CHECKOUT}", {"rolling": True}, "k", 1, "a")
+    _untouched(cluster, before)
+    assert cluster.requests == []
+
+
+@pytest.mark.parametrize(
+    ("resource", "fragment"),
+    [
+        (CHECKOUT, "names no environment"),  # the old form: the namespace's Deployment, whatever the environment
+        (f"/{CHECKOUT}", "names no environment"),
+        ("production/", "cannot be a Deployment name"),
+        ("production/Checkout-API", "cannot be a Deployment name"),
+        (f"production/{CHECKOUT}/scale", "cannot be a Deployment name"),  # no path tricks into a subresource
+        ("production/../apps-dev", "cannot be a Deployment name"),
+        ("production/" + "a" * 254, "cannot be a Deployment name"),
+    ],
+)
+def test_resources_that_name_no_deployment_of_a_served_environment_are_refused(
+    kube: KubernetesTarget, cluster: FakeKubernetes, resource: str, fragment: str
+) -> None:
+    with pytest.raises(TargetRejected, match=fragment):
+        kube.apply("scale", resource, {"replicas": 2}, "k", 1, "a")
+    assert cluster.requests == []
+
+
+def test_lookup_searches_the_served_namespaces_only(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
+    cluster.add(CHECKOUT, replicas=4, namespace=UNSERVED)
+    applied = _applied("elsewhere", PROD_CHECKOUT)
+    cluster.record(CHECKOUT, UNSERVED, applied)  # looks like production's, lives in a namespace not served
+    assert kube.lookup("elsewhere") is None
+    listed = [path for method, path in cluster.requests if method == "GET"]
+    assert sorted(listed) == sorted(f"/apis/apps/v1/namespaces/{ns}/deployments" for ns in (PRODUCTION, DEV))
+
+
+def test_lookup_finds_each_environments_keys_in_its_own_namespace(
+    kube: KubernetesTarget, cluster: FakeKubernetes
+) -> None:
+    dev = kube.apply("scale", "dev/checkout-dev", {"replicas": 6}, "incident-9:scale:6", 1, "a")
+    production = kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
+    assert kube.lookup("incident-9:scale:6") == dev
+    assert kube.lookup(KEY) == production
+    assert cluster.replicas("checkout-dev", DEV) == 6 and cluster.replicas() == 12
+
+
+def _applied(key: str, resource: str) -> dict[str, Any]:
+    """A scale of ``resource`` to 20 as the history annotation holds it."""
+    at = datetime(2025, 3, 1, 10, tzinfo=UTC)
+    return ActionResult(key, "scale", resource, "applied", {"replicas": 4}, {"replicas": 20}, at, False, 12).to_json()
+
+
+def test_a_dev_result_on_the_production_deployment_is_never_productions(
+    kube: KubernetesTarget, cluster: FakeKubernetes
+) -> None:
+    """What a target that ignored environments left behind: dev/checkout-api's scale,
+    recorded on apps/checkout-api. It answers for neither resource."""
+    key = "incident-9:scale:20"
+    cluster.record(CHECKOUT, PRODUCTION, _applied(key, f"dev/{CHECKOUT}"))
+    before = copy.deepcopy(cluster.deployment(CHECKOUT, PRODUCTION))
+    assert kube.lookup(key) is None  # not "applied": it never applied in dev, and is not production's
+    with pytest.raises(TargetRejected, match="recorded on apps/checkout-api for 'dev/checkout-api'"):
+        kube.apply("scale", PROD_CHECKOUT, {"replicas": 20}, key, 1, "a")  # no replay of another resource's result
+    _untouched(cluster, before)
+
+
+def test_a_record_naming_another_deployment_is_not_taken_for_this_one(
+    kube: KubernetesTarget, cluster: FakeKubernetes
+) -> None:
+    cluster.record("search-api", PRODUCTION, _applied("moved", PROD_CHECKOUT))
+    assert kube.lookup("moved") is None
+
+
+@pytest.mark.parametrize(
+    ("mapping", "fragment"),
+    [
+        ({}, "empty"),
+        ({"production": "Apps"}, "not a Kubernetes namespace name"),
+        ({"production": "apps_prod"}, "not a Kubernetes namespace name"),
+        ({"production": "-apps"}, "not a Kubernetes namespace name"),
+        ({"production": "a" * 64}, "not a Kubernetes namespace name"),
+        ({"production": ""}, "not a Kubernetes namespace name"),
+        ({"production": "apps", "dev": "apps"}, "both 'production' and 'dev'"),
+        ({"": "apps"}, "not a name"),
+        ({"production/x": "apps"}, "not a name"),
+        ({" production": "apps"}, "not a name"),
+    ],
+)
+def test_bad_namespace_mappings_are_refused_at_start(mapping: dict[str, str], fragment: str) -> None:
+    with pytest.raises(NamespaceMapError, match=fragment):
+        KubernetesTarget("https://kubernetes.default.svc", BEARER, mapping)
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_namespace_mapping_is_read_and_checked_with_the_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLOTILLA_EXECUTOR_TARGET", "kubernetes")
+    monkeypatch.setenv("FLOTILLA_KUBERNETES_NAMESPACES", json.dumps(NAMESPACES))
+    token = tmp_path / "token"
+    token.write_text(BEARER + "\n")
+    monkeypatch.setenv("FLOTILLA_KUBERNETES_TOKEN_FILE", str(token))
+    target = ExecutorSettings.load().build_target()
+    assert isinstance(target, KubernetesTarget)
+    assert dict(target.namespaces) == NAMESPACES
+
+    monkeypatch.setenv("FLOTILLA_KUBERNETES_NAMESPACES", '{"production": "apps", "dev": "apps"}')
+    with pytest.raises(ValidationError, match="each environment needs a namespace of its own"):
+        ExecutorSettings.load()
+    monkeypatch.delenv("FLOTILLA_KUBERNETES_NAMESPACES")
+    with pytest.raises(ValidationError, match="FLOTILLA_KUBERNETES_NAMESPACES is empty"):
+        ExecutorSettings.load()
+    # The single namespace that served every environment is refused, not ignored.
+    monkeypatch.setenv("FLOTILLA_KUBERNETES_NAMESPACE", "apps")
+    with pytest.raises(ValidationError, match=r'FLOTILLA_KUBERNETES_NAMESPACES.*\{"production": "apps"\}'):
+        ExecutorSettings.load()
+    # The sim target does not need the mapping.
+    monkeypatch.delenv("FLOTILLA_KUBERNETES_NAMESPACE")
+    monkeypatch.setenv("FLOTILLA_EXECUTOR_TARGET", "sim")
+    assert ExecutorSettings.load().kubernetes_namespaces == {}

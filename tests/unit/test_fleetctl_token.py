@@ -1,0 +1,89 @@
+"""The local fleet's sim action token (infra/local/fleetctl.py): made once, private,
+reused, and given to the sim and the executor only. Nothing is started here."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from services.fleet import EXECUTOR, FLEET, SIM
+from services.sim.auth import check_action_token
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOCAL = REPO_ROOT / "infra" / "local"
+
+
+def _load(name: str, path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A script of infra/local as module ``name``, in sys.modules for the test only
+    (dataclasses look their module up while the body runs)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def fleetctl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    """fleetctl over a stack home in tmp_path (its stackctl import sees the same one)."""
+    monkeypatch.setenv("FLOTILLA_STACK_HOME", str(tmp_path / "stack"))
+    monkeypatch.delenv("FLOTILLA_SIM_ACTION_TOKEN", raising=False)
+    _load("stackctl", LOCAL / "stackctl.py", monkeypatch)  # what fleetctl imports by name
+    return _load("_fleetctl_under_test", LOCAL / "fleetctl.py", monkeypatch)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_token_is_made_once_private_and_reused(fleetctl: ModuleType, tmp_path: Path) -> None:
+    path: Path = fleetctl.SIM_ACTION_TOKEN_FILE
+    assert path == tmp_path / "stack" / "secrets" / "sim-action-token"
+    token = fleetctl.sim_action_token()
+    assert check_action_token(token) == token  # one the sim accepts
+    assert len(token) >= 40
+    assert (_mode(path), _mode(path.parent)) == (0o600, 0o700)
+    assert fleetctl.sim_action_token() == token  # reused, not regenerated
+    path.unlink()
+    assert fleetctl.sim_action_token() != token  # a new one only when the file is gone
+
+
+def test_a_token_file_others_can_read_is_refused(fleetctl: ModuleType) -> None:
+    path: Path = fleetctl.SIM_ACTION_TOKEN_FILE
+    fleetctl.sim_action_token()
+    path.chmod(0o644)
+    with pytest.raises(fleetctl.StackError, match="readable by other users"):
+        fleetctl.sim_action_token()
+    path.chmod(0o600)
+    path.write_text("\n")
+    with pytest.raises(fleetctl.StackError, match="empty"):
+        fleetctl.sim_action_token()
+
+
+def test_only_the_sim_and_the_executor_get_the_token(fleetctl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "from-the-calling-shell-1234")  # never passed through
+    for member in FLEET:
+        env = fleetctl.member_env(member, "the-fleets-own-token-123456")
+        if member in (SIM, EXECUTOR):
+            assert env["FLOTILLA_SIM_ACTION_TOKEN"] == "the-fleets-own-token-123456", member.name
+        else:
+            assert "FLOTILLA_SIM_ACTION_TOKEN" not in env, member.name
+
+
+def test_the_supervisor_config_holding_the_token_is_private(fleetctl: ModuleType, tmp_path: Path) -> None:
+    token = "the-fleets-own-token-123456"
+    config = fleetctl._config(token)
+    programs = config.split("[program:")[1:]
+    holders = {p.split("]", 1)[0] for p in programs if token in p}
+    assert holders == {SIM.name, EXECUTOR.name}
+    target = tmp_path / "supervisord.conf"
+    target.write_text("older, world-readable\n")
+    target.chmod(0o644)
+    fleetctl.write_private(target, config)
+    assert _mode(target) == 0o600 and target.read_text() == config
