@@ -7,10 +7,17 @@ without touching Kafka or PostgreSQL. ``up`` needs a running stack (``make stack
 registers the contracts, starts every member and waits until each answers on its
 ``/readyz`` (the sim on ``/healthz``). Logs: ``.stack/logs/<service>.log``.
 
-The sim's action API admits only the executor, by a token the two share
-(``FLOTILLA_SIM_ACTION_TOKEN``): ``up`` makes a random one the first time, in
-``.stack/secrets/sim-action-token`` (mode 0600), and reuses it ever after; no other
-member gets it. ``sim-token-file`` prints where it is, for tests that act as the executor.
+The fleet's secrets live in ``.stack/secrets/`` (a 0700 folder, every file 0600), made
+the first time ``up`` runs and reused ever after, and each member gets only what it needs:
+
+- the sim's action token (``FLOTILLA_SIM_ACTION_TOKEN``), shared by the sim and the
+  executor only: the sim's action API admits nobody else;
+- the policy service's command-signing key (``authorization-signing-key.pem``): only the
+  policy service holds the file; the executor and the DLQ reconciler get its public key;
+- the remediation agent's proposal-signing key (``proposal-signing-key.pem``): only the
+  agent holds the file; the policy service gets its public key.
+
+``sim-token-file`` and ``secrets-dir`` print where they are, for tests that act as a member.
 """
 
 from __future__ import annotations
@@ -25,24 +32,84 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import stackctl  # same folder: run as a script, its folder is on sys.path
 from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 
 from flotilla import stackcheck
+from flotilla.keys import KeyMaterialError, load_or_create, public_key_text
 from flotilla.settings import load_settings
-from services.fleet import EXECUTOR, FLEET, SIM, Member, url
+from services.fleet import DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 FLEET_RUN = STACK_HOME / "run" / "fleet"
 SUPERVISOR = Supervisor(FLEET_RUN, "fleet", STACK_HOME)
 START_TIMEOUT_S = float(os.environ.get("FLOTILLA_FLEET_TIMEOUT", "120"))
-SIM_ACTION_TOKEN_FILE = STACK_HOME / "secrets" / "sim-action-token"
+SECRETS_DIR = STACK_HOME / "secrets"
+SIM_ACTION_TOKEN_FILE = SECRETS_DIR / "sim-action-token"
 SIM_ACTION_TOKEN = "FLOTILLA_SIM_ACTION_TOKEN"
 # The sim checks the token and the executor presents it; nobody else may hold it.
 SIM_ACTION_TOKEN_HOLDERS = frozenset({SIM.name, EXECUTOR.name})
+AUTHORIZATION_KEY_FILE = SECRETS_DIR / "authorization-signing-key.pem"
+PROPOSAL_KEY_FILE = SECRETS_DIR / "proposal-signing-key.pem"
+# Settings a member must get from the fleet's own secrets, never from the calling shell.
+FLEET_SECRET_SETTINGS = frozenset(
+    {
+        SIM_ACTION_TOKEN,
+        "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE",
+        "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS",
+        "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE",
+        "FLOTILLA_PROPOSAL_PUBLIC_KEYS",
+    }
+)
+
+
+@dataclass(frozen=True)
+class FleetSecrets:
+    """What the fleet's members authenticate each other with."""
+
+    sim_action_token: str
+    authorization_key: Path  # the policy service's private key (file)
+    authorization_public: str  # its public key, as keyrings take it
+    proposal_key: Path  # the remediation agent's private key (file)
+    proposal_public: str
+
+    @classmethod
+    def ensure(cls) -> FleetSecrets:
+        """Made the first time, reused after: a member restarted alone keeps its peers' trust."""
+        keys = {}
+        for path in (AUTHORIZATION_KEY_FILE, PROPOSAL_KEY_FILE):
+            try:
+                key, created = load_or_create(path)
+            except KeyMaterialError as exc:
+                raise StackError(f"{exc}: delete it and `up` makes a new one") from None
+            if created:
+                _say(f"generated {path.name} in {path.parent}")
+            keys[path] = public_key_text(key.public_key())
+        return cls(
+            sim_action_token=sim_action_token(),
+            authorization_key=AUTHORIZATION_KEY_FILE,
+            authorization_public=keys[AUTHORIZATION_KEY_FILE],
+            proposal_key=PROPOSAL_KEY_FILE,
+            proposal_public=keys[PROPOSAL_KEY_FILE],
+        )
+
+    def for_member(self, member: Member) -> dict[str, str]:
+        """The secret settings of one member: each holds only what its job needs."""
+        env: dict[str, str] = {}
+        if member.name in SIM_ACTION_TOKEN_HOLDERS:
+            env[SIM_ACTION_TOKEN] = self.sim_action_token
+        if member is POLICY:
+            env["FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE"] = str(self.authorization_key)
+            env["FLOTILLA_PROPOSAL_PUBLIC_KEYS"] = json.dumps([self.proposal_public])
+        if member in (EXECUTOR, DLQ_RECONCILER):
+            env["FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"] = json.dumps([self.authorization_public])
+        if member is REMEDIATION:
+            env["FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"] = str(self.proposal_key)
+        return env
 
 
 def _say(msg: str) -> None:
@@ -74,9 +141,9 @@ def sim_action_token(path: Path = SIM_ACTION_TOKEN_FILE) -> str:
     return token
 
 
-def member_env(member: Member, action_token: str) -> dict[str, str]:
+def member_env(member: Member, fleet_secrets: FleetSecrets) -> dict[str, str]:
     """The environment of one member's process: the stack's settings plus its own, and
-    the sim's action token for the two members that hold it."""
+    the fleet's secrets that member holds (:meth:`FleetSecrets.for_member`)."""
     env = {
         "FLOTILLA_ENV_FILE": str(stackctl.ENV_FILE),
         "FLOTILLA_SERVICE_NAME": member.name,
@@ -87,12 +154,11 @@ def member_env(member: Member, action_token: str) -> dict[str, str]:
     }
     if member.database:
         env["FLOTILLA_SERVICE_DATABASE"] = member.database
-    if member.name in SIM_ACTION_TOKEN_HOLDERS:
-        env[SIM_ACTION_TOKEN] = action_token
+    env.update(fleet_secrets.for_member(member))
     # Demo-friendly defaults an operator can override from the calling environment (not
-    # the action token: the file is the fleet's, and every member would get the variable).
+    # the fleet's secrets: those are its own files, and every member would get them).
     for key, value in os.environ.items():
-        if key.startswith("FLOTILLA_") and key not in env and key != SIM_ACTION_TOKEN:
+        if key.startswith("FLOTILLA_") and key not in env and key not in FLEET_SECRET_SETTINGS:
             env[key] = value
     return env
 
@@ -110,10 +176,10 @@ def _quoted(key: str, value: str) -> str:
     raise StackError(f"{key} cannot be passed through supervisord (it mixes quote characters); use a file setting")
 
 
-def _config(action_token: str) -> str:
+def _config(fleet_secrets: FleetSecrets) -> str:
     parts = [SUPERVISOR.header(LOGS, pwd.getpwuid(os.geteuid()).pw_name)]
     for member in FLEET:
-        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member, action_token).items())
+        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member, fleet_secrets).items())
         parts.append(
             f"""
 [program:{member.name}]
@@ -174,7 +240,7 @@ def up() -> None:
                     f"{stackctl._port_holder(member.http_port)}, not by this fleet"
                 )
         FLEET_RUN.mkdir(parents=True, exist_ok=True)
-        write_private(SUPERVISOR.conf, _config(sim_action_token()))
+        write_private(SUPERVISOR.conf, _config(FleetSecrets.ensure()))
         SUPERVISOR.launch(LOGS / "supervisord-fleet-start.log")
     states = SUPERVISOR.states()
     to_start = [m for m in FLEET if states.get(m.name) != "RUNNING"]
@@ -228,7 +294,7 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "status", "restart", "pid", "sim-token-file"])
+    parser.add_argument("action", choices=["up", "down", "status", "restart", "pid", "sim-token-file", "secrets-dir"])
     parser.add_argument("service", nargs="?", help="with restart or pid: one member")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -243,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             print(SUPERVISOR.ctl("pid", args.service or "all").strip())
         elif args.action == "sim-token-file":
             print(SIM_ACTION_TOKEN_FILE)
+        elif args.action == "secrets-dir":
+            print(SECRETS_DIR)
         else:
             return status(args.json)
     except StackError as exc:

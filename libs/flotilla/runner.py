@@ -105,7 +105,7 @@ def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
         ensure_database(settings, spec.database)
     with psycopg.connect(settings.pg_dsn(spec.database), autocommit=True) as conn:
         consumer.migrate(conn)
-        allow_topics(conn, spec.emits if spec.publishes else ())
+        allow_topics(conn, spec.emits)
         for sql in spec.migrations:
             conn.execute(sql)
     pool = open_pool(settings.model_copy(update={"service_database": spec.database}))

@@ -26,6 +26,7 @@ from services.audit.api import make_routes
 from services.audit.chain import Signer
 from services.audit.recorder import Recorder
 from services.audit.settings import AuditSettings, load_settings
+from services.fleet import AUDIT
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
@@ -58,5 +59,6 @@ def build_spec(settings: AuditSettings | None = None, signer: Signer | None = No
         periodic=((0.1, _consumer(settings, signer)),),
         routes=make_routes(signer),
         publishes=False,
+        emits=AUDIT.emits,  # nothing: the audit never publishes
         loop={"follow_workflow": False},
     )

@@ -50,4 +50,5 @@ def build_spec(settings: DlqSettings | None = None) -> ServiceSpec:
         periodic=((0.1, _consumer(settings)),),
         routes=make_routes(settings),
         publishes=True,
+        emits=(settings.incidents_topic,),  # its facts; re-queues go straight to Kafka (api.py)
     )

@@ -29,4 +29,5 @@ def build_spec(settings: HealthSettings | None = None, source: SimMetrics | None
         handlers=make_handlers(settings.health_verify_seconds),
         migrations=MIGRATIONS,
         periodic=((settings.health_scrape_seconds, Scraper(settings, source)),),
+        emits=(settings.incidents_topic,),
     )

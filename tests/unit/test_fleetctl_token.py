@@ -3,15 +3,18 @@ reused, and given to the sim and the executor only. Nothing is started here."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import stat
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from services.fleet import EXECUTOR, FLEET, SIM
+from services.fleet import DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM
 from services.sim.auth import check_action_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,19 +69,49 @@ def test_a_token_file_others_can_read_is_refused(fleetctl: ModuleType) -> None:
         fleetctl.sim_action_token()
 
 
+def _secrets(fleetctl: ModuleType, token: str = "the-fleets-own-token-123456") -> Any:
+    made = fleetctl.FleetSecrets.ensure()
+    return dataclasses.replace(made, sim_action_token=token)
+
+
 def test_only_the_sim_and_the_executor_get_the_token(fleetctl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "from-the-calling-shell-1234")  # never passed through
     for member in FLEET:
-        env = fleetctl.member_env(member, "the-fleets-own-token-123456")
+        env = fleetctl.member_env(member, _secrets(fleetctl))
         if member in (SIM, EXECUTOR):
             assert env["FLOTILLA_SIM_ACTION_TOKEN"] == "the-fleets-own-token-123456", member.name
         else:
             assert "FLOTILLA_SIM_ACTION_TOKEN" not in env, member.name
 
 
+def test_each_signing_key_is_held_by_its_signer_alone(fleetctl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy service signs commands, the remediation agent proposals; whoever verifies
+    gets the public key only, and nothing comes from the calling shell."""
+    monkeypatch.setenv("FLOTILLA_AUTHORIZATION_PUBLIC_KEYS", '["ed25519:from-the-shell"]')
+    secrets = _secrets(fleetctl)
+    assert (_mode(secrets.authorization_key), _mode(secrets.proposal_key)) == (0o600, 0o600)
+    holders: dict[str, set[str]] = {}
+    for member in FLEET:
+        for name, value in fleetctl.member_env(member, secrets).items():
+            if name in fleetctl.FLEET_SECRET_SETTINGS:
+                holders.setdefault(name, set()).add(member.name)
+                assert "from-the-shell" not in value
+    assert holders["FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE"] == {POLICY.name}
+    assert holders["FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"] == {REMEDIATION.name}
+    assert holders["FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"] == {EXECUTOR.name, DLQ_RECONCILER.name}
+    assert holders["FLOTILLA_PROPOSAL_PUBLIC_KEYS"] == {POLICY.name}
+    policy_env = fleetctl.member_env(POLICY, secrets)
+    assert json.loads(policy_env["FLOTILLA_PROPOSAL_PUBLIC_KEYS"]) == [secrets.proposal_public]
+    again = fleetctl.FleetSecrets.ensure()  # reused, not regenerated
+    assert (again.authorization_public, again.proposal_public) == (
+        secrets.authorization_public,
+        secrets.proposal_public,
+    )
+
+
 def test_the_supervisor_config_holding_the_token_is_private(fleetctl: ModuleType, tmp_path: Path) -> None:
     token = "the-fleets-own-token-123456"
-    config = fleetctl._config(token)
+    config = fleetctl._config(_secrets(fleetctl, token))
     programs = config.split("[program:")[1:]
     holders = {p.split("]", 1)[0] for p in programs if token in p}
     assert holders == {SIM.name, EXECUTOR.name}

@@ -19,9 +19,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from flotilla import deadletter
+from flotilla.authority import verify_proposal
 from flotilla.bootstrap import drop_outbox
 from flotilla.consumer import ConsumerLoop
 from flotilla.envelope import Envelope
+from flotilla.keys import Keyring
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
@@ -44,6 +46,7 @@ from services.remediation_agent import build_spec as remediation_spec
 from services.remediation_agent.plan import digest_matches
 from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, ThreadedServer, diagnosis_answer, hallucinated
 from tests.integration.kafka_wait import header, wait_for
+from tests.signing import AGENT_KEY, AGENT_SIGNER, write_key
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -179,9 +182,16 @@ def diagnostic(
 
 @pytest.fixture(scope="module")
 def remediation(
-    stack: StackSettings, serde: AvroSerde, sim: tuple[FakeSim, str]
+    stack: StackSettings, serde: AvroSerde, sim: tuple[FakeSim, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServiceContext, RemediationSettings]]:
-    settings = RemediationSettings(**stack.model_dump(), service_database=REMEDIATION_DB, sim_url=sim[1], http_port=0)
+    key = write_key(AGENT_KEY, tmp_path_factory.mktemp("secrets") / "proposal-signing-key.pem")
+    settings = RemediationSettings(
+        **stack.model_dump(),
+        service_database=REMEDIATION_DB,
+        sim_url=sim[1],
+        http_port=0,
+        proposal_signing_key_file=key,
+    )
     spec, _ = remediation_spec(settings)
     ctx = prepare(spec, settings)
     try:
@@ -513,8 +523,10 @@ def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
     assert str(proposal["diagnosisEventId"]) == diagnosis_env.id
     assert proposal["proposedBy"] == "remediation-agent"
     assert digest_matches(proposal)  # the digest of the decoded steps is the one signed
+    assert verify_proposal(Keyring([AGENT_SIGNER.public_key]), proposal) == AGENT_SIGNER.key_id  # attested
     [step] = proposal["steps"]
-    assert step["idempotencyKey"] == f"{incident}:scale:12"
+    key = f"{incident}:{proposal['proposalId']}:scale:checkout-api:12"
+    assert step["idempotencyKey"] == key and step["authorization"] is None
     assert step["replicas"] == 12
     assert step["target"] == {"kind": "service", "environment": "production", "name": "checkout-api"}
     assert str(step["proposalId"]) == str(proposal["proposalId"])
@@ -523,7 +535,7 @@ def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
         stored = conn.execute(
             "SELECT digest, idempotency_keys FROM proposals WHERE proposal_id = %s", (str(proposal["proposalId"]),)
         ).fetchone()
-    assert stored == (proposal["digest"], [f"{incident}:scale:12"])
+    assert stored == (proposal["digest"], [key])
 
 
 def test_a_model_that_cannot_plan_escalates_instead_of_proposing(

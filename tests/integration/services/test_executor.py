@@ -26,9 +26,11 @@ import httpx
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from flotilla.authority import Signer
 from flotilla.bootstrap import ensure_database
 from flotilla.consumer import ConsumerLoop, migrate
 from flotilla.envelope import Envelope
@@ -44,6 +46,7 @@ from services.executor.leases import LeaseLost, LeaseUnavailable
 from services.executor.service import LOOP, MIGRATIONS, spec
 from services.executor.settings import ExecutorSettings
 from services.executor.targets import ActionResult, SimTarget, StaleFencingToken, TargetRejected, TargetUnavailable
+from tests.signing import POLICY_SIGNER, public, sign_command
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -169,6 +172,7 @@ def settings(stack: StackSettings, database: str) -> ExecutorSettings:
         executor_lease_wait_seconds=1,
         executor_target_attempts=3,
         executor_target_backoff_seconds=0.01,
+        authorization_public_keys=[public(POLICY_SIGNER)],
     )
 
 
@@ -231,10 +235,21 @@ def as_step(kind: str, value: dict[str, Any]) -> Step:
 
 
 def produce_command(
-    stack: StackSettings, serde: AvroSerde, topic: str, kind: str, value: dict[str, Any], *, event_id: str | None = None
+    stack: StackSettings,
+    serde: AvroSerde,
+    topic: str,
+    kind: str,
+    value: dict[str, Any],
+    *,
+    event_id: str | None = None,
+    signer: Signer | None = POLICY_SIGNER,
 ) -> Envelope:
+    """A command as the policy service issues it: signed by ``signer`` (None: unsigned,
+    as anyone else could produce it); a value that already has an authorization is sent as is."""
     envelope = Envelope(type=kind, source=POLICY, correlationid=value["incidentId"], id=event_id or value["commandId"])
     key = f"{value['target']['environment']}/{value['target']['name']}"
+    if signer is not None and value.get("authorization") is None:
+        value = sign_command(value, kind, signer=signer)
     _produce(stack, topic, key, serde.serialize("commands", kind, value), envelope)
     return envelope
 
@@ -892,3 +907,125 @@ def test_a_verified_recovery_is_no_longer_compensated(
         drain(loop, 2)
     assert [k for k, _ in target.applied] == [scale["idempotencyKey"]]
     assert [t for t, _ in facts(stack, serde, incident)] == ["RecoveryExecuted"]
+
+
+# ------------------------------------------------- attacks on the executor's authority
+
+
+def dead_letters(stack: StackSettings, topic: str, expected: int) -> list[dict[str, str]]:
+    """The context headers of the first ``expected`` letters on ``<topic>.dlq``."""
+    from confluent_kafka import Consumer
+
+    reader = Consumer(
+        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+    )
+    reader.subscribe([f"{topic}.dlq"])
+    letters: list[dict[str, str]] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(letters) < expected and time.monotonic() < deadline:
+            msg = reader.poll(0.2)
+            if msg is not None and not msg.error():
+                letters.append({k: (v or b"").decode(errors="replace") for k, v in msg.headers() or []})
+    finally:
+        reader.close()
+    assert len(letters) == expected, letters
+    return letters
+
+
+def test_commands_the_policy_service_did_not_sign_are_refused_before_any_lease(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """A forged command (unsigned), one signed by a key nobody trusts, and a genuine one
+    changed after signing: nothing reaches the target, no lease is taken, each is reported
+    (CommandRejected) and dead-lettered as unauthorized; redelivered, none is reported twice."""
+    name, incident = resource_name(), f"incident-{uuid.uuid4().hex[:8]}"
+    rogue = Signer(Ed25519PrivateKey.generate())
+    unsigned = command(commands.SCALE, name, f"{incident}:a", incident=incident, replicas=21)
+    foreign = sign_command(command(commands.SCALE, name, f"{incident}:b", incident=incident, replicas=21), signer=rogue)
+    genuine = sign_command(command(commands.SCALE, name, f"{incident}:c", incident=incident, replicas=8))
+    tampered = {**genuine, "replicas": 20}
+    sent = [
+        produce_command(stack, serde, topics[0], commands.SCALE, unsigned, signer=None),
+        produce_command(stack, serde, topics[0], commands.SCALE, foreign),
+        produce_command(stack, serde, topics[0], commands.SCALE, tampered),
+    ]
+    produce_command(stack, serde, topics[0], commands.SCALE, unsigned, signer=None)  # redelivered
+    with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 4)
+
+    assert target.applied == [] and target.lookups == []
+    assert lease_of(pool, f"production/{name}") is None
+    assert all(execution(pool, v["idempotencyKey"]) is None for v in (unsigned, foreign, tampered))
+    reported = facts(stack, serde, incident)
+    assert [t for t, _ in reported] == ["CommandRejected"] * 3  # the redelivery reported nothing new
+    refusals = {str(v["commandId"]): v for _, v in reported}
+    assert refusals[unsigned["commandId"]]["refusal"] == "unsigned"
+    assert refusals[foreign["commandId"]]["refusal"] == "unknown-key"
+    assert refusals[foreign["commandId"]]["keyId"] == rogue.key_id
+    assert refusals[tampered["commandId"]]["refusal"] == "bad-signature"
+    assert {v["producer"] for v in refusals.values()} == {POLICY}  # what the record claimed
+    letters = dead_letters(stack, topics[0], 4)
+    assert {h["dlq_reason"] for h in letters} == {"unauthorized"}
+    assert {h["ce_id"] for h in letters} == {e.id for e in sent}
+
+
+def test_a_refused_command_re_queued_once_its_key_is_trusted_runs_once(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """A refusal holds no dedupe claim: after a key rotation was rolled out in the wrong
+    order, the re-queued command (same event id) is judged again, and runs."""
+    name, incident = resource_name(), f"incident-{uuid.uuid4().hex[:8]}"
+    new_key = Signer(Ed25519PrivateKey.generate())
+    value = sign_command(
+        command(commands.SCALE, name, f"{incident}:scale:9", incident=incident, replicas=9), signer=new_key
+    )
+    envelope = produce_command(stack, serde, topics[0], commands.SCALE, value)
+    with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 1)
+    assert target.applied == []
+    rotated = settings.model_copy(update={"authorization_public_keys": [public(POLICY_SIGNER), public(new_key)]})
+    produce_command(stack, serde, topics[0], commands.SCALE, value, event_id=envelope.id)  # the re-queued copy
+    with executor_loop(rotated, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 2)
+    assert [k for k, _ in target.applied] == [value["idempotencyKey"]]
+    assert [t for t, _ in facts(stack, serde, incident)] == ["CommandRejected", "RecoveryExecuted"]
+
+
+def test_a_different_command_reusing_an_executed_key_is_refused_naming_both(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """Never dropped as a replay: the second command is CommandFailed(KeyConflict), and it
+    never reaches the target."""
+    name, incident = resource_name(), f"incident-{uuid.uuid4().hex[:8]}"
+    key = f"{incident}:scale:12"
+    first = command(commands.SCALE, name, key, incident=incident, replicas=12)
+    second = command(commands.SCALE, name, key, incident=incident, replicas=16)
+    produce_command(stack, serde, topics[0], commands.SCALE, first)
+    produce_command(stack, serde, topics[0], commands.SCALE, second)
+    with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 2)
+    assert [k for k, _ in target.applied] == [key]  # the first only
+    reported = facts(stack, serde, incident)
+    assert [t for t, _ in reported] == ["RecoveryExecuted", "CommandFailed"]
+    failed = reported[1][1]
+    assert failed["errorClass"] == "KeyConflict" and failed["retryable"] is False
+    assert str(failed["commandId"]) == second["commandId"]
+    assert first["commandId"] in failed["errorMessage"] and second["commandId"] in failed["errorMessage"]
+    row = execution(pool, key)
+    assert row is not None and row.command_id == first["commandId"] and row.state is State.APPLIED

@@ -20,14 +20,18 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 from psycopg.rows import dict_row
 
+from flotilla.authority import Grant, Signer, verify_command
 from flotilla.bootstrap import drop_outbox
+from flotilla.commands import idempotency_key
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.digest import command_digest
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, HandlerContext, Incoming
+from flotilla.keys import Keyring
 from flotilla.outbox import Outbox, OutboxRow
 from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
@@ -53,6 +57,7 @@ from services.policy.records import (
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
 from services.policy.testing import AGENT, proposal, step
+from tests.signing import AGENT_SIGNER, POLICY_SIGNER, attest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -81,6 +86,8 @@ def runtime() -> PolicyRuntime:
         engine=PolicyEngine.from_directory(),
         inventory=StaticInventory(REPLICAS),
         tokens=TokenStore(USERS),
+        signer=POLICY_SIGNER,
+        proposers=Keyring([AGENT_SIGNER.public_key]),
         approval_ttl_seconds=900,
     )
 
@@ -148,12 +155,16 @@ def envelope_for(value: dict[str, Any]) -> Envelope:
     return Envelope(type=RECOVERY_PROPOSED, source="/flotilla/remediation-agent", correlationid=value["incidentId"])
 
 
-def produce(stack: StackSettings, serde: AvroSerde, topic: str, values: list[dict[str, Any]]) -> list[Envelope]:
+def produce(
+    stack: StackSettings, serde: AvroSerde, topic: str, values: list[dict[str, Any]], *, attested: bool = True
+) -> list[Envelope]:
+    """Proposals as the remediation agent emits them (attested), or as anyone else could."""
     producer = ordered_producer(stack.kafka_bootstrap)
     envelopes = []
     for value in values:
         env = envelope_for(value)
-        payload = serde.serialize("incidents", RECOVERY_PROPOSED, {"eventId": env.id, **value})
+        signed = attest(value) if attested and value.get("attestation") is None else value
+        payload = serde.serialize("incidents", RECOVERY_PROPOSED, {"eventId": env.id, **signed})
         producer.produce(topic, key=value["incidentId"], value=payload, headers=env.headers())
         envelopes.append(env)
     assert producer.flush(15) == 0
@@ -172,7 +183,8 @@ def handle_directly(svc: ServiceContext, runtime: PolicyRuntime, value: dict[str
     """Run the RecoveryProposed handler in a transaction as the loop would: workflow
     state locked and advanced, emitted rows inserted (no dedupe: the caller's choice)."""
     env = envelope_for(value)
-    incoming = Incoming("incidents", 0, 0, value["incidentId"], env, RECOVERY_PROPOSED, {"eventId": env.id, **value})
+    signed = attest(value) if value.get("attestation") is None else value
+    incoming = Incoming("incidents", 0, 0, value["incidentId"], env, RECOVERY_PROPOSED, {"eventId": env.id, **signed})
     handler = make_handlers(svc, runtime)[RECOVERY_PROPOSED]
     with svc.pool.connection() as conn, conn.transaction():
         state = WorkflowStore.load_for_update(conn, value["incidentId"])
@@ -269,6 +281,13 @@ def test_an_auto_authorized_plan_emits_approval_and_commands(
     assert command_digest([command.value]) == value["digest"]  # exactly the digested command
     assert command.causation == approved.id
     assert status_of(svc, value["proposalId"])[0] == "authorized"
+    # signed by the policy service, as an automatic decision about this proposal
+    signed = verify_command(Keyring([POLICY_SIGNER.public_key]), SCALE, command.value)
+    assert (signed.decision, signed.approved_by, signed.proposal_digest) == (
+        Grant.AUTO,
+        "policy-service",
+        value["digest"],
+    )
 
 
 def test_a_plan_needing_a_person_is_approved_over_http(
@@ -323,6 +342,8 @@ def test_a_plan_needing_a_person_is_approved_over_http(
     assert command_digest([command.value]) == value["digest"]
     assert command.causation == approved.id
     assert answer.json()["commandIds"] == [command.id]
+    signed = verify_command(Keyring([POLICY_SIGNER.public_key]), SCALE, command.value)
+    assert (signed.decision, signed.approved_by) == (Grant.APPROVED, "alice")  # who approved travels, signed
 
     again = client.post(
         f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("carol-token")
@@ -595,7 +616,8 @@ def test_a_redelivered_proposal_under_a_new_event_id_is_decided_once(
     handle_directly(svc, runtime, value)
     handle_directly(svc, runtime, value)
     assert len(of_type(outbox(svc, incident), SCALE)) == 1
-    changed = {**value, "steps": [{**value["steps"][0], "replicas": 6}]}
+    six = {**value["steps"][0], "replicas": 6}
+    changed = {**value, "steps": [{**six, "idempotencyKey": idempotency_key("ScaleService", six)}]}
     changed["digest"] = proposal(incident, changed["steps"])["digest"]
     with pytest.raises(BusinessRuleViolation, match="already received with other steps"):
         handle_directly(svc, runtime, changed)
@@ -626,3 +648,83 @@ def test_an_escalated_incident_cancels_its_pending_approvals(
         f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
     )
     assert answer.status_code == 409
+
+
+# ------------------------------------------------ proposals are believed only from the agent
+
+
+def dead_letter_reasons(stack: StackSettings, topic: str, event_ids: set[str]) -> dict[str, str]:
+    """ce_id -> dlq_reason of the letters on ``<topic>.dlq`` for ``event_ids``."""
+    from confluent_kafka import Consumer
+
+    reader = Consumer(
+        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+    )
+    reader.subscribe([f"{topic}.dlq"])
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while set(found) != event_ids and time.monotonic() < deadline:
+            msg = reader.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            headers = {k: (v or b"").decode() for k, v in msg.headers() or []}
+            if headers.get("ce_id") in event_ids:
+                found[headers["ce_id"]] = headers["dlq_reason"]
+    finally:
+        reader.close()
+    return found
+
+
+def test_a_forged_proposal_never_replaces_one_waiting_for_a_person(
+    stack: StackSettings, serde: AvroSerde, svc: ServiceContext, runtime: PolicyRuntime, loop: ConsumerLoop, topic: str
+) -> None:
+    """The attack of the review (H6): while alice's decision on 4 -> 12 is pending, someone
+    who can write to incidents publishes 4 -> 8 (exactly 2x: auto) claiming to be the agent,
+    with confidence 0.99 — unsigned, signed by a key nobody trusts, or the agent's own
+    proposal with its confidence raised after signing. Each is refused as unauthorized;
+    the pending proposal stays pending and current, and no command is issued."""
+    waiting = pending_proposal(svc, runtime, replicas=12)
+    incident = waiting["incidentId"]
+
+    def forged(**reasoning: Any) -> dict[str, Any]:
+        value = scale_proposal(incident, replicas=8)
+        value["proposedBy"] = AGENT
+        value["reasoning"] = {**value["reasoning"], "confidence": 0.99, **reasoning}
+        return value
+
+    rogue = Signer(Ed25519PrivateKey.generate())
+    raised = attest(forged(confidence=0.5))
+    raised["reasoning"] = {**raised["reasoning"], "confidence": 0.99}
+    sent = [
+        *produce(stack, serde, topic, [forged()], attested=False),
+        *produce(stack, serde, topic, [attest(forged(), rogue)]),
+        *produce(stack, serde, topic, [raised]),
+    ]
+    drain(loop, 3)
+    assert status_of(svc, waiting["proposalId"]) == ("pending", None)
+    rows = outbox(svc, incident)
+    assert of_type(rows, SCALE) == [] and of_type(rows, RECOVERY_APPROVED) == []
+    assert dead_letter_reasons(stack, topic, {e.id for e in sent}) == {e.id: "unauthorized" for e in sent}
+    with svc.pool.connection() as conn:
+        current = conn.execute(
+            "SELECT proposal_id::text FROM policy_current_proposals WHERE incident_id = %s", (incident,)
+        ).fetchall()
+    assert current == [(waiting["proposalId"],)]
+
+
+def test_a_step_whose_idempotency_key_is_not_its_own_is_refused(svc: ServiceContext, runtime: PolicyRuntime) -> None:
+    """A key chosen freely could be another proposal's (key squatting, H2): the agent's
+    proposals carry the key derived from the step, and nothing else is decided on."""
+    incident = new_incident(svc)
+    value = scale_proposal(incident, replicas=8)
+    value["steps"] = [{**value["steps"][0], "idempotencyKey": f"{incident}:scale:12"}]
+    value["digest"] = command_digest(value["steps"])
+    with pytest.raises(BusinessRuleViolation, match="is not"):
+        handle_directly(svc, runtime, value)
+    doubled = scale_proposal(incident, replicas=8)
+    doubled["steps"] = [doubled["steps"][0], {**doubled["steps"][0], "commandId": str(uuid.uuid4())}]
+    doubled["digest"] = command_digest(doubled["steps"])
+    with pytest.raises(BusinessRuleViolation, match="repeats idempotency key"):
+        handle_directly(svc, runtime, doubled)
+    assert outbox(svc, incident) == []
