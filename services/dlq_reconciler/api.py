@@ -39,7 +39,6 @@ from flotilla.rawrecords import b64, jsonable
 from flotilla.runner import ServiceContext
 from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError, UndecodableRecordError
 from flotilla.settings import KafkaTarget, kafka_connection
-from services.dlq_reconciler.auth import OperatorTokens
 from services.dlq_reconciler.quarantine import (
     DeadLetter,
     RequeueRefused,
@@ -48,7 +47,7 @@ from services.dlq_reconciler.quarantine import (
     requeue_headers,
     with_identity,
 )
-from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DlqSettings
+from services.dlq_reconciler.settings import DlqSettings
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +199,9 @@ class _RequeueProducer:
 
 
 def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], None]:
-    tokens = OperatorTokens(settings.operator_tokens)
-    if any(isinstance(t, str) and t.lower() == DEMO_OPERATOR_DIGEST for t in settings.operator_tokens):
-        log.warning("the demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
+    tokens, demo = settings.operators()  # refuses to start without operators outside the demo profile
+    if demo:
+        log.warning("the public demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
 
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
         producer = _RequeueProducer(settings.kafka_client(), settings.requeue_timeout_seconds)

@@ -445,6 +445,12 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
     ]:
         optional = refs[(owner, name)].get("optional", False)
         assert optional is (overlay == "dev"), f"{owner}: {name} optional={optional} in {overlay}"
+    # and should a Secret be there but empty, the services themselves refuse outside the demo profile
+    expected = "demo" if overlay == "dev" else "production"
+    for w in workloads(objects):
+        env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
+        if member_of(w) == "flotilla-prepare" or BY_NAME[member_of(w)].database is not None:
+            assert env["FLOTILLA_PROFILE"] == expected, ident(w)
     if overlay == "production":
         policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
         assert policy["FLOTILLA_POLICY_INVENTORY"] == "none"
@@ -575,7 +581,9 @@ def _member_kafka_access(member: str) -> tuple[set[str], set[str]]:
         dlqs = set(DlqSettings().dlq_topics)
         return dlqs, {t.removesuffix(".dlq") for t in dlqs}
     module = importlib.import_module(f"{BY_NAME[member].module}.service")
-    built = module.spec() if hasattr(module, "spec") else module.build_spec()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FLOTILLA_PROFILE", "demo")  # the code's topics, not its credentials
+        built = module.spec() if hasattr(module, "spec") else module.build_spec()
     spec = built[0] if isinstance(built, tuple) else built
     assert spec.name == member and spec.topics, member
     return set(spec.topics), {dlq_topic(t) for t in spec.topics}

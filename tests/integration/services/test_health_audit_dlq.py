@@ -47,7 +47,7 @@ from services.audit.chain import Signer
 from services.audit.keys import load_or_create
 from services.audit.settings import AuditSettings
 from services.dlq_reconciler import service as dlq_service
-from services.dlq_reconciler.settings import DEMO_OPERATOR_TOKEN, DlqSettings
+from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN, DlqSettings
 from services.health_agent import service as health_service
 from services.health_agent.settings import HealthSettings
 
@@ -515,6 +515,7 @@ def reconciler(stack: StackSettings, topics: None) -> Iterator[tuple[ServiceCont
         service_database=DLQ_DB,
         dlq_topics=(f"{TOPIC}.dlq",),
         incidents_topic=TOPIC,
+        operator_tokens=[DEMO_OPERATOR_DIGEST],  # explicit: whatever profile the stack's env file names
         http_port=0,
     )
     ctx = prepare(dlq_service.build_spec(settings), settings)
