@@ -84,7 +84,6 @@ SECRETS = {
     "flotilla-llm",
     "flotilla-approvers",
     "flotilla-operators",
-    "flotilla-console",
     "flotilla-audit-signing-key",
     "flotilla-console-tls",
     # Made by Strimzi (production): one per KafkaUser, and the cluster CA (copied in).
@@ -441,7 +440,6 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
     for owner, name in [
         ("Deployment/policy-service", "flotilla-approvers"),
         ("Deployment/dlq-reconciler", "flotilla-operators"),
-        ("Deployment/console", "flotilla-console"),
     ]:
         optional = refs[(owner, name)].get("optional", False)
         assert optional is (overlay == "dev"), f"{owner}: {name} optional={optional} in {overlay}"
@@ -457,6 +455,30 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
         for w in workloads(objects):
             env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
             assert "FLOTILLA_POLICY_DRY_RUN" not in env
+
+
+def test_console_replicas_beyond_one_get_sticky_sessions(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    """The console keeps sessions in its process: with two replicas and no affinity, a person
+    would be signed out on every other request (and a login would land on the wrong one)."""
+    (console,) = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "console"]
+    container = console["spec"]["template"]["spec"]["containers"][0]
+    assert "FLOTILLA_CONSOLE_SESSION_SECRET" not in container_env(objects, container)  # nothing reads it
+    ingresses = [
+        i
+        for i in of_kind(objects, "Ingress")
+        for rule in i["spec"]["rules"]
+        for path in rule["http"]["paths"]
+        if path["backend"]["service"]["name"] == "console"
+    ]
+    if console["spec"].get("replicas", 1) == 1:
+        return
+    assert ingresses, "more than one console replica, but no Ingress to keep a browser on one"
+    for ingress in ingresses:
+        assert ingress["spec"]["ingressClassName"] == "nginx"
+        notes = ingress["metadata"].get("annotations", {})
+        assert notes.get("nginx.ingress.kubernetes.io/affinity") == "cookie", ident(ingress)
+        assert notes.get("nginx.ingress.kubernetes.io/session-cookie-secure") == "true", ident(ingress)
+        assert notes.get("nginx.ingress.kubernetes.io/session-cookie-samesite") == "Strict", ident(ingress)
 
 
 # ----------------------------------------------------------------------------- Kafka Connect
