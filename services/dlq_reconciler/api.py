@@ -35,6 +35,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
+from flotilla import metrics
 from flotilla.rawrecords import b64, jsonable
 from flotilla.runner import ServiceContext
 from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError, UndecodableRecordError
@@ -200,6 +201,7 @@ class _RequeueProducer:
 
 def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], None]:
     tokens, demo = settings.operators()  # refuses to start without operators outside the demo profile
+    origin_label = metrics.BoundedLabel(settings.origin_topics)  # the origin comes from a dlq_* header
     if demo:
         log.warning("the public demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
 
@@ -306,7 +308,7 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
                         entry_id,
                     ),
                 )
-            REQUEUED.labels(letter.origin_topic, str(sanitized is not None).lower()).inc()
+            REQUEUED.labels(origin_label(letter.origin_topic), str(sanitized is not None).lower()).inc()
             log.info(
                 "%s re-queued %s to %s[%s]@%s",
                 operator.name,

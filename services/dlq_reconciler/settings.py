@@ -40,6 +40,11 @@ class DlqSettings(ServiceSettings):
     operator_tokens: Annotated[OperatorEntries | None, NoDecode] = None
     requeue_timeout_seconds: float = 10.0
 
+    @property
+    def origin_topics(self) -> tuple[str, ...]:
+        """The topics whose dead letters this reconciler reads (``x.dlq`` holds letters of ``x``)."""
+        return tuple(t.removesuffix(".dlq") for t in self.dlq_topics)
+
     @field_validator("operator_tokens", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:

@@ -386,3 +386,38 @@ def test_the_demo_profile_admits_the_demo_operator_token_with_a_warning(
     # configured tokens replace it, in the demo profile too
     operators, demo = _profile(monkeypatch, tmp_path, "demo", f'["{digest("x")}"]').operators()
     assert not demo and operators.authenticate(f"Bearer {DEMO_OPERATOR_TOKEN}") is None
+
+
+# ------------------------------------------------------------ bounded metrics
+
+
+def test_the_quarantine_metric_stays_bounded_whatever_the_headers_say() -> None:
+    """dlq_origin_topic and dlq_error_class are written by whoever produces to a *.dlq topic:
+    each distinct pair was a new series, kept forever (review M7)."""
+    from prometheus_client import REGISTRY
+
+    from services.dlq_reconciler.store import QUARANTINED, SPARE_ERROR_CLASSES, Reconciler
+
+    reconciler = Reconciler(SimpleNamespace(), "incidents", ("incidents", "commands"))  # type: ignore[arg-type]
+    before = {
+        tuple(sorted(s.labels.items())) for m in REGISTRY.collect() if m.name == QUARANTINED._name for s in m.samples
+    }
+    for n in range(2000):
+        headers = context_headers(
+            **{deadletter.ORIGIN_TOPIC: f"attacker-topic-{n}", deadletter.ERROR_CLASS: f"Error{n}" + "x" * (n % 300)}
+        )
+        reconciler.count_quarantined(DeadLetter("incidents.dlq", 0, n, None, b"", headers))
+    reconciler.count_quarantined(DeadLetter("commands.dlq", 0, 1, None, b"", context_headers()))
+    after = {
+        tuple(sorted(s.labels.items())) for m in REGISTRY.collect() if m.name == QUARANTINED._name for s in m.samples
+    }
+    added = {dict(labels)["origin_topic"] for labels in after - before}
+    classes = {dict(labels)["error_class"] for labels in after - before}
+    assert added <= {"other", "incidents"} and "other" in added
+    assert len(classes) <= SPARE_ERROR_CLASSES + 2  # the spare ones, "other", BusinessRuleViolation
+    assert len(after - before) <= 2 * (SPARE_ERROR_CLASSES + 2)
+    # the runtime's own error classes and the topics read are counted as they are, even after a flood
+    value = REGISTRY.get_sample_value(
+        "flotilla_quarantined_total", {"error_class": "BusinessRuleViolation", "origin_topic": "incidents"}
+    )
+    assert value is not None and value >= 1
