@@ -335,10 +335,11 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
         return page(request, "incidents.html", incidents=found, waiting=waiting, is_terminal=views.is_terminal)
 
     @app.get("/incidents/{incident_id}", response_class=HTMLResponse)
-    def incident(request: Request, incident_id: str) -> HTMLResponse:
+    def incident(request: Request, incident_id: str, after: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
         token = token_of(request)
-        found = api.timeline(incident_id)
+        found = api.timeline(incident_id, after=after or None)  # one page (audit's default size)
         timeline = found.get("timeline", [])
+        page_info = found.get("page") or {}
         pending: list[dict[str, Any]] = []
         try:
             pending = [p for p in api.approvals(token, status="pending") if p.get("incidentId") == incident_id]
@@ -354,7 +355,10 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             outcomes=views.outcomes(timeline),
             diagnoses=views.diagnoses(timeline),
             pending=pending,
-            live=not views.is_terminal(found.get("status")),
+            after=after,
+            page_info=page_info,
+            # refreshing shows new records only on the last page
+            live=not views.is_terminal(found.get("status")) and page_info.get("nextAfter") is None,
         )
 
     # ---------------------------------------------------------------------- DLQ

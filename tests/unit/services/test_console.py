@@ -165,19 +165,20 @@ class StandIns:
     decisions: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
     requeues: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
     calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, URL, bearer token)
+    timeline_page: int = 500  # audit's page size
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}"
         auth = request.headers.get("authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         path = request.url.path
-        self.calls.append((request.method, f"{base}{path}", token))
+        self.calls.append((request.method, str(request.url), token))
         if base in self.down:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if base == POLICY:
             return self._policy(request, path, token)
         if base == AUDIT:
-            return self._audit(path)
+            return self._audit(request, path)
         if base == DLQ:
             return self._dlq(request, path, token)
         return httpx.Response(404, json={"detail": "Not Found"})
@@ -222,7 +223,7 @@ class StandIns:
             )
         return httpx.Response(404, json={"detail": "Not Found"})
 
-    def _audit(self, path: str) -> httpx.Response:
+    def _audit(self, request: httpx.Request, path: str) -> httpx.Response:
         summary = {
             "incidentId": INCIDENT,
             "status": "RESOLVED",
@@ -233,7 +234,11 @@ class StandIns:
         if path == "/incidents":
             return httpx.Response(200, json={"incidents": [summary]})
         if path == f"/incidents/{INCIDENT}/timeline":
-            return httpx.Response(200, json={**summary, "timeline": TIMELINE})
+            after = int(request.url.params.get("after", 0))
+            rest = [e for e in TIMELINE if e["seq"] > after]
+            page, more = rest[: self.timeline_page], len(rest) > self.timeline_page
+            paging = {"after": after, "limit": self.timeline_page, "nextAfter": page[-1]["seq"] if more else None}
+            return httpx.Response(200, json={**summary, "timeline": page, "page": paging})
         return httpx.Response(404, json={"detail": {"error": "no audited records for incident x"}})
 
     def _dlq_entry(self) -> dict[str, Any]:
@@ -864,6 +869,26 @@ def test_the_timeline_shows_every_record_and_the_outcome(client: TestClient) -> 
     assert 'class="tone-bad" data-type="CommandFailed"' in page.text
     assert "2026-01-01T10:00:01.520Z" in text  # a timestamp field decoded
     assert "suspectedDependency" in text and "payments-api" in text
+
+
+def test_a_long_timeline_is_shown_a_page_at_a_time(client: TestClient, services: StandIns) -> None:
+    services.timeline_page = 5
+    login(client)
+    first = client.get(f"/incidents/{INCIDENT}")
+    assert first.status_code == 200
+    assert [f'id="seq-{n}"' in first.text for n in range(1, 9)] == [True] * 5 + [False] * 3
+    assert 'id="next-page" href="/incidents/incident-7?after=5"' in first.text and "first-page" not in first.text
+    assert 'id="auto-refresh" data-seconds="3" >' in first.text  # no refreshing a page new records never reach
+    second = client.get(f"/incidents/{INCIDENT}?after=5")
+    assert [f'id="seq-{n}"' in second.text for n in range(1, 9)] == [False] * 5 + [True] * 3
+    assert 'id="first-page"' in second.text and "next-page" not in second.text
+    assert "this page: 3 records after #5" in text_of(second.text)
+    audit_calls = [c[1] for c in services.calls if c[1].startswith(AUDIT)]
+    assert audit_calls[-2:] == [
+        f"{AUDIT}/incidents/{INCIDENT}/timeline",
+        f"{AUDIT}/incidents/{INCIDENT}/timeline?after=5",
+    ]
+    assert client.get(f"/incidents/{INCIDENT}?after=-1").status_code == 422
 
 
 def test_evidence_comes_from_diagnoses_not_from_every_proposal_or_dead_letter() -> None:
