@@ -227,6 +227,9 @@ def stack_env() -> dict[str, str]:
     """The connection settings every tool, service and test reads."""
     return {
         "FLOTILLA_STACK": "local",
+        # The local stack is the demo: unset credentials fall back to the public demo users
+        # and tokens (flotilla.settings.Profile); elsewhere the default profile refuses them.
+        "FLOTILLA_PROFILE": "demo",
         "FLOTILLA_KAFKA_BOOTSTRAP": f"{HOST}:{PORTS['kafka']}",
         "FLOTILLA_SCHEMA_REGISTRY_URL": f"http://{HOST}:{PORTS['registry']}/apis/ccompat/v7",
         "FLOTILLA_CONNECT_URL": f"http://{HOST}:{PORTS['connect']}",

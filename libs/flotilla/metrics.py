@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -105,3 +107,37 @@ class ConsumerLag:
         for topic, partition in self._shown:
             CONSUMER_LAG.remove(self.consumer, topic, partition)
         self._shown = set()
+
+
+class BoundedLabel:
+    """The values one metric label may take when they come from incoming data.
+
+    Every distinct label value is a series kept for the life of the process, so a label
+    read from a header or a record any producer controls would let that producer grow
+    the process's memory (and the monitoring system's) without bound. ``known`` values
+    pass; the first ``spare`` other values (at most ``max_length`` characters) are
+    admitted as they come; anything else is counted as ``overflow``.
+    """
+
+    def __init__(
+        self, known: Iterable[str] = (), *, spare: int = 0, max_length: int = 100, overflow: str = "other"
+    ) -> None:
+        self._known = frozenset(known)
+        self._spare = spare
+        self._max_length = max_length
+        self._overflow = overflow
+        self._admitted: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._known:
+            return value
+        if len(value) > self._max_length:
+            return self._overflow
+        with self._lock:
+            if value in self._admitted:
+                return value
+            if len(self._admitted) < self._spare:
+                self._admitted.add(value)
+                return value
+        return self._overflow

@@ -19,6 +19,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # connection part of a librdkafka configuration (StackSettings.kafka_client()).
 KafkaTarget = str | Mapping[str, Any]
 
+# What a credential setting left unset means (FLOTILLA_PROFILE). `demo`: the public demo
+# users and tokens stand in, with a warning (the local stack, compose's demo, the
+# Kubernetes dev overlay). `production`, the default: the service refuses to start.
+Profile = Literal["demo", "production"]
+
+
+class MissingCredentials(ValueError):
+    """A credential setting is unset or names nobody, and the profile is not ``demo``."""
+
 
 def kafka_connection(target: KafkaTarget) -> dict[str, Any]:
     """The librdkafka settings that reach Kafka: bootstrap servers, plus security when set."""
@@ -44,6 +53,7 @@ class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
 
     stack: str = "local"
+    profile: Profile = "production"
     kafka_bootstrap: str = "127.0.0.1:19092"
     # A cluster with TLS and/or SASL (e.g. Strimzi with SCRAM): every Kafka client of the
     # fleet connects with these. The local stack and compose use PLAINTEXT.
@@ -77,6 +87,15 @@ class StackSettings(BaseSettings):
                     f"FLOTILLA_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs {', '.join(missing)}"
                 )
         return self
+
+    def allow_demo_credentials(self, setting: str) -> None:
+        """Return if the demo profile lets the public demo credentials stand in for ``setting``;
+        else raise :class:`MissingCredentials` naming it (never the demo credentials)."""
+        if self.profile != "demo":
+            raise MissingCredentials(
+                f"{setting} is not set: refusing to start without credentials (FLOTILLA_PROFILE={self.profile}). "
+                f"Set {setting}; only FLOTILLA_PROFILE=demo falls back to the public demo credentials."
+            )
 
     def kafka_client(self) -> dict[str, Any]:
         """The connection part of every Kafka client's configuration (see KafkaTarget)."""

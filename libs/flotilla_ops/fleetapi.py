@@ -154,8 +154,14 @@ class FleetApi:
         )["incidents"]
         return found
 
-    def timeline(self, incident_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = self._call("GET", self.endpoints.audit_url, f"/incidents/{incident_id}/timeline")
+    def timeline(self, incident_id: str, *, limit: int | None = None, after: int | None = None) -> dict[str, Any]:
+        """One page of an incident's timeline: the records after log position ``after`` (at most
+        ``limit``; the audit service's default page without it). ``page.nextAfter`` is the next
+        page's ``after``, None on the last."""
+        params = {name: value for name, value in (("limit", limit), ("after", after)) if value is not None}
+        found: dict[str, Any] = self._call(
+            "GET", self.endpoints.audit_url, f"/incidents/{incident_id}/timeline", params=params
+        )
         return found
 
     def verify_audit(self) -> dict[str, Any]:

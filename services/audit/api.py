@@ -1,4 +1,5 @@
-"""The audit service's HTTP surface: incidents, timelines, chain verification, public key."""
+"""The audit service's HTTP surface: incidents, timelines (in pages), chain verification
+(shared between concurrent callers, :mod:`services.audit.sharedrun`), public key."""
 
 from __future__ import annotations
 
@@ -14,13 +15,41 @@ from psycopg.rows import dict_row
 
 from flotilla.runner import ServiceContext
 from services.audit.chain import ChainVerifier, Entry, Sealed, Signer
-from services.audit.timeline import TimelineRow, event_time, summary, timeline
+from services.audit.sharedrun import Busy, SharedRun
+from services.audit.timeline import TimelineRow, event_time, is_dead_letter_topic, summary, timeline
 
 CHAIN_OK = Gauge("flotilla_audit_chain_ok", "1 when the last /verify found the chain intact, 0 when broken.")
 
 _COLUMNS = """seq, topic, partition, "offset", record_key, kafka_timestamp_ms, headers, ce_id, ce_type, ce_source,
     ce_time, ce_correlationid, ce_causationid, record_type, record_value, value_json, decode_error, recorded_at,
     prev_hash, entry_hash, signature, key_id"""
+
+
+# A timeline is served in pages of log order (an incident's records are whatever anyone
+# produced with its correlation id: no bound but this one).
+TIMELINE_PAGE = 500
+MAX_TIMELINE_PAGE = 5000
+_TIMELINE_COLUMNS = """seq, topic, partition, "offset", ce_id, ce_type, ce_source, ce_causationid, ce_time,
+    kafka_timestamp_ms, recorded_at, record_type, value_json, record_value, decode_error, headers"""
+
+
+def _timeline_row(r: dict[str, Any]) -> TimelineRow:
+    return TimelineRow(
+        seq=r["seq"],
+        topic=r["topic"],
+        partition=r["partition"],
+        offset=r["offset"],
+        ce_id=r["ce_id"],
+        ce_type=r["ce_type"],
+        ce_source=r["ce_source"],
+        ce_causationid=r["ce_causationid"],
+        record_type=r["record_type"],
+        at=event_time(r["ce_time"], r["kafka_timestamp_ms"], r["recorded_at"]),
+        value_json=r["value_json"],
+        value=None if r["record_value"] is None else bytes(r["record_value"]),
+        decode_error=r["decode_error"],
+        headers=r["headers"],
+    )
 
 
 def _sealed(row: tuple[Any, ...]) -> Sealed:
@@ -85,7 +114,13 @@ def make_routes(signer: Signer) -> Callable[[FastAPI, ServiceContext], None]:
             return {"incidents": [summary(r) for r in rows]}
 
         @app.get("/incidents/{incident_id}/timeline")
-        def incident_timeline(incident_id: str) -> dict[str, Any]:
+        def incident_timeline(
+            incident_id: str,
+            limit: int = Query(TIMELINE_PAGE, ge=1, le=MAX_TIMELINE_PAGE),
+            after: int = Query(0, ge=0),
+        ) -> dict[str, Any]:
+            """One page of the incident's records: those after log position ``after``, at most
+            ``limit``; ``page.nextAfter`` is the ``after`` of the next page (None: the last)."""
             with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 head = cur.execute(
                     "SELECT incident_id, status, first_at, last_at, entries FROM audit_incidents "
@@ -93,37 +128,44 @@ def make_routes(signer: Signer) -> Callable[[FastAPI, ServiceContext], None]:
                     (incident_id,),
                 ).fetchone()
                 rows = cur.execute(
-                    'SELECT seq, topic, partition, "offset", ce_id, ce_type, ce_source, ce_causationid, ce_time, '
-                    "kafka_timestamp_ms, recorded_at, record_type, value_json, record_value, decode_error, headers "
-                    "FROM audit_log WHERE ce_correlationid = %s ORDER BY seq",
-                    (incident_id,),
+                    f"SELECT {_TIMELINE_COLUMNS} FROM audit_log WHERE ce_correlationid = %s AND seq > %s "
+                    "ORDER BY seq LIMIT %s",
+                    (incident_id, after, limit + 1),  # one more: is there a next page?
                 ).fetchall()
-            if head is None or not rows:
-                raise HTTPException(404, {"error": f"no audited records for incident {incident_id}"})
-            entries = [
-                TimelineRow(
-                    seq=r["seq"],
-                    topic=r["topic"],
-                    partition=r["partition"],
-                    offset=r["offset"],
-                    ce_id=r["ce_id"],
-                    ce_type=r["ce_type"],
-                    ce_source=r["ce_source"],
-                    ce_causationid=r["ce_causationid"],
-                    record_type=r["record_type"],
-                    at=event_time(r["ce_time"], r["kafka_timestamp_ms"], r["recorded_at"]),
-                    value_json=r["value_json"],
-                    value=None if r["record_value"] is None else bytes(r["record_value"]),
-                    decode_error=r["decode_error"],
-                    headers=r["headers"],
-                )
-                for r in rows
-            ]
-            return {**summary(head), "timeline": timeline(entries)}
+                more = len(rows) > limit
+                rows = rows[:limit]
+                if head is None or (not rows and after == 0):
+                    raise HTTPException(404, {"error": f"no audited records for incident {incident_id}"})
+                entries = [_timeline_row(r) for r in rows]
+                # Causes on another page: one row per id (the original before its dead letters,
+                # then the first), so the page still bounds what is read, however many records
+                # repeat an id.
+                own = {e.ce_id for e in entries if not is_dead_letter_topic(e.topic)}  # a copy is not the cause
+                wanted = sorted({e.ce_causationid for e in entries if e.ce_causationid} - own)
+                causes = []
+                if wanted:
+                    causes = cur.execute(
+                        f"SELECT DISTINCT ON (ce_id) {_TIMELINE_COLUMNS} FROM audit_log "
+                        "WHERE ce_correlationid = %s AND ce_id = ANY(%s) ORDER BY ce_id, topic LIKE '%%.dlq', seq",
+                        (incident_id, wanted),
+                    ).fetchall()
+            return {
+                **summary(head),
+                "timeline": timeline(entries, start=head["first_at"], causes=[_timeline_row(r) for r in causes]),
+                "page": {"after": after, "limit": limit, "nextAfter": entries[-1].seq if more else None},
+            }
+
+        # Anyone may ask, and a walk checks every signature: concurrent callers share walks
+        # (never one that started before they asked), one at a time, with a pause between.
+        shared_verify = SharedRun(lambda: verify_chain(ctx, signer))
 
         @app.get("/verify")
         def verify() -> dict[str, object]:
-            return verify_chain(ctx, signer)
+            try:
+                return shared_verify()
+            except Busy as busy:
+                busy_answer = {"error": f"verification busy: {busy}"}
+                raise HTTPException(429, busy_answer, headers={"Retry-After": "1"}) from None
 
         @app.get("/public-key")
         def public_key() -> dict[str, str]:

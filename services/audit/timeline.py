@@ -77,18 +77,22 @@ def _context(headers_json: str) -> dict[str, str]:
     return found
 
 
-def timeline(rows: Sequence[TimelineRow]) -> list[dict[str, Any]]:
+def timeline(
+    rows: Sequence[TimelineRow], *, start: datetime | None = None, causes: Sequence[TimelineRow] = ()
+) -> list[dict[str, Any]]:
     """Entries in the order things happened (event time, then log order), each with the
-    time since the incident's first record and a link to the entry that caused it."""
+    time since ``start`` (the incident's first record; default: the earliest of ``rows``)
+    and a link to the entry that caused it, among ``rows`` and ``causes`` (entries of the
+    same incident on an earlier page)."""
     ordered = sorted(rows, key=lambda r: (r.at, r.seq))
     if not ordered:
         return []
     # A dead letter repeats its original's ce_id: causes point at the original.
     by_id: dict[str, TimelineRow] = {}
-    for row in sorted(rows, key=lambda r: (is_dead_letter_topic(r.topic), r.seq)):
+    for row in sorted((*rows, *causes), key=lambda r: (is_dead_letter_topic(r.topic), r.seq)):
         if row.ce_id and row.ce_id not in by_id:
             by_id[row.ce_id] = row
-    start = ordered[0].at
+    start = ordered[0].at if start is None else start
     result = []
     for row in ordered:
         cause = by_id.get(row.ce_causationid or "")

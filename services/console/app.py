@@ -8,14 +8,14 @@ unreachable service a page that says so (503), never a traceback.
 Pages: ``/login`` (a bearer token the policy service accepts), ``/approvals`` and
 ``/approvals/{id}`` (full context; approve/reject the digest shown), ``/incidents`` and
 ``/incidents/{id}`` (the audit timeline), ``/dlq`` and ``/dlq/{id}`` (inspect and
-re-queue dead letters). Every POST carries the session's CSRF token.
+re-queue dead letters). Every POST carries the session's CSRF token. Sessions are kept in
+this process (:mod:`services.console.session`); signing out ends one for good.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 
 import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,7 +31,7 @@ from prometheus_client import Counter
 
 from flotilla.service import create_app
 from services.console import views
-from services.console.session import COOKIE_NAME, Session, SessionCodec
+from services.console.session import COOKIE_NAME, Session, SessionStore
 from services.console.settings import ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ UPSTREAM_ERRORS = Counter(
 )
 
 OPERATIONAL = frozenset({"/healthz", "/readyz", "/metrics"})
+# An anonymous session only carries the login form's CSRF token and a flash or two.
+ANONYMOUS_LIFETIME_S = 3600.0
 APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "superseded", "all")
 
 
@@ -59,21 +61,6 @@ class LoginRequired(Exception):
 
 class CsrfRefused(Exception):
     """A POST without this session's CSRF token."""
-
-
-def session_secret(settings: ConsoleSettings) -> bytes:
-    """The configured session secret (the cookie's encryption key is derived from it), or a random
-    one for this process (with a warning)."""
-    if settings.console_session_secret is not None:
-        secret = settings.console_session_secret.get_secret_value().encode()
-        if len(secret) < 32:
-            raise ValueError("FLOTILLA_CONSOLE_SESSION_SECRET must be at least 32 characters")
-        return secret
-    log.warning(
-        "FLOTILLA_CONSOLE_SESSION_SECRET is not set: using a random secret, so sessions end when the "
-        "console restarts and cannot be shared between replicas"
-    )
-    return secrets.token_bytes(32)
 
 
 def _local_path(target: str | None, default: str = "/approvals") -> str:
@@ -87,14 +74,18 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
     """The console's app; ``api`` defaults to a client of ``settings``' endpoints."""
     settings = settings or ConsoleSettings.load()
     api = api or FleetApi(settings.endpoints(), timeout=settings.console_upstream_timeout_seconds)
-    codec = SessionCodec(session_secret(settings))
+    sessions = SessionStore(
+        capacity=settings.console_max_sessions, anonymous_capacity=settings.console_max_anonymous_sessions
+    )
     lifetime_s = settings.console_session_hours * 3600
+    anonymous_s = min(ANONYMOUS_LIFETIME_S, lifetime_s)
     endpoints = api.endpoints
 
     # Nothing to be ready for but the process itself: the services' availability is
     # shown on the pages, and the console must keep serving while one of them is down.
     app = create_app(settings.service_name, lambda: True)
     app.state.api = api
+    app.state.sessions = sessions
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals.update(short=views.short, tone=views.tone, field_rows=views.field_rows, pretty=views.pretty)
@@ -102,20 +93,21 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
     # ------------------------------------------------------------------ session
     @app.middleware("http")
     async def session_cookie(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        loaded = codec.loads(request.cookies.get(COOKIE_NAME))
-        session = loaded
-        if session is None:
-            session = Session.fresh(lifetime_s)
-            session.modified = False  # a new visitor's session is written for pages, not for probes
-        request.state.session = session
+        presented = request.cookies.get(COOKIE_NAME)
+        loaded = sessions.get(presented)
+        request.state.session = loaded or Session.fresh(anonymous_s)
         response = await call_next(request)
         current: Session = request.state.session
         operational = request.url.path in OPERATIONAL or request.url.path.startswith("/static/")
-        if current.modified or (loaded is None and not operational):
+        # A page replaced the session (login, logout, a token the policy service dropped) or a
+        # new visitor opened a page (probes and static files get none): the presented id ends
+        # here, whatever it was, and the browser gets the new session's id.
+        if current is not loaded and not (operational and loaded is None):
+            sessions.close(presented)
             remaining = max(1, int(current.expires - time.time()))
             response.set_cookie(
                 COOKIE_NAME,
-                codec.dumps(current),
+                sessions.open(current),
                 max_age=remaining,
                 path="/",
                 httponly=True,
@@ -187,7 +179,7 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
         count_upstream(exc)
         if exc.status == 401 and endpoints.service_of(exc.url) == "policy service":
             # the token was revoked or the policy service's users changed: sign out
-            fresh = Session.fresh(lifetime_s)
+            fresh = Session.fresh(anonymous_s)
             fresh.flash("error", "The policy service no longer accepts your token; sign in again.")
             request.state.session = fresh
             return RedirectResponse("/login", status_code=303)
@@ -238,7 +230,9 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
     @app.post("/logout")
     def logout(request: Request, csrf: Annotated[str, Form()] = "") -> Response:
         check_csrf(request, csrf)
-        session = Session.fresh(lifetime_s)
+        # A new anonymous session replaces this one, which the middleware then deletes from the
+        # store: the old cookie, wherever a copy of it is, opens nothing any more.
+        session = Session.fresh(anonymous_s)
         session.flash("ok", "Signed out.")
         request.state.session = session
         return RedirectResponse("/login", status_code=303)
@@ -341,10 +335,11 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
         return page(request, "incidents.html", incidents=found, waiting=waiting, is_terminal=views.is_terminal)
 
     @app.get("/incidents/{incident_id}", response_class=HTMLResponse)
-    def incident(request: Request, incident_id: str) -> HTMLResponse:
+    def incident(request: Request, incident_id: str, after: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
         token = token_of(request)
-        found = api.timeline(incident_id)
+        found = api.timeline(incident_id, after=after or None)  # one page (audit's default size)
         timeline = found.get("timeline", [])
+        page_info = found.get("page") or {}
         pending: list[dict[str, Any]] = []
         try:
             pending = [p for p in api.approvals(token, status="pending") if p.get("incidentId") == incident_id]
@@ -360,7 +355,10 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             outcomes=views.outcomes(timeline),
             diagnoses=views.diagnoses(timeline),
             pending=pending,
-            live=not views.is_terminal(found.get("status")),
+            after=after,
+            page_info=page_info,
+            # refreshing shows new records only on the last page
+            live=not views.is_terminal(found.get("status")) and page_info.get("nextAfter") is None,
         )
 
     # ---------------------------------------------------------------------- DLQ

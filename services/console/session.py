@@ -1,65 +1,70 @@
-"""The console's session: a small encrypted cookie, no server-side store.
+"""The console's sessions: kept in the console process; the browser holds only a random id.
 
-The cookie is a Fernet token (AES-128-CBC, then HMAC-SHA256 over the whole token) of the
-JSON payload, unpadded base64url. The Fernet key is derived from the session secret with
-HKDF-SHA256 (the raw secret is never a key). The payload carries the CSRF token, the
-expiry, one-shot flash messages and, once logged in, the bearer token the console
-presents to the services on the person's behalf. It is encrypted as well as
-authenticated, so whoever sees the cookie (a log, a proxy, a screenshot of the browser's
-tools) cannot read the token; it is also sent HttpOnly, SameSite=Strict (and Secure
-behind HTTPS). Whoever holds the cookie can still replay it until the session expires.
+The cookie is ``flotilla_console=<id>``, 32 random bytes in base64url and nothing else: no
+token, no name, nothing to decrypt or forge. The session itself (the CSRF token, the
+bearer token the console presents to the services on the person's behalf, who the policy
+service said that is, one-shot flash messages and the absolute expiry) lives in a
+:class:`SessionStore` in this process, keyed by the SHA-256 of the id, so the table holds
+no usable cookie. Signing out deletes the session: a cookie copied before is worthless
+after. An id the store does not know (signed out, expired, evicted, from before a restart
+or another replica, made up) is no session at all: the visitor is anonymous.
 
-A cookie that does not decrypt (another secret, any change, an old signed-only cookie)
-or whose embedded expiry has passed is no session at all: the visitor is anonymous.
+Every visitor gets a session (anonymous until login) so that the login form carries a
+CSRF token. Anyone can make anonymous sessions, so they are kept apart from signed-in
+ones: each kind has its own table of fixed capacity that drops expired sessions and then
+the least recently used. A flood of visitors can only push out other anonymous sessions,
+never a signed-in person's; a signed-in session takes a token the policy service accepts.
 
-Every visitor gets a session (anonymous until login) so that the login form itself
-carries a CSRF token. Logging in starts a new session (new CSRF token): a session id
-planted before login is worthless after it.
+Logging in starts a new session (new id, new CSRF token) and discards the anonymous one:
+an id planted before login is worthless after it. The expiry is fixed at login (absolute:
+using the console does not extend it). Sessions end with the process, and replicas do not
+share them (docs/operations/console.md: one replica, or sticky sessions).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
-import json
+import re
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from cryptography.fernet import Fernet, InvalidToken
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cachetools import TLRUCache
 from flotilla_ops.fleetapi import person_label
 
 COOKIE_NAME = "flotilla_console"
-# HKDF's context: a key for this purpose only, whatever else the secret is used for.
-_KEY_INFO = b"flotilla-console-session.v2 fernet key"
-_MAX_COOKIE = 4096  # browsers keep no more; a longer value is not one of ours
+# What secrets.token_urlsafe(32) makes: anything else is not one of our ids (and is not hashed).
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")
 
 
 @dataclass
 class Session:
     csrf: str
-    expires: float
+    expires: float  # epoch seconds
     token: str | None = None
     flashes: list[tuple[str, str]] = field(default_factory=list)  # (level, message)
     user: str | None = None  # who the policy service said the token belongs to, at login
     roles: tuple[str, ...] = ()
-    modified: bool = False
 
     @classmethod
     def fresh(
-        cls, lifetime_s: float, token: str | None = None, user: str | None = None, roles: tuple[str, ...] = ()
+        cls,
+        lifetime_s: float,
+        token: str | None = None,
+        user: str | None = None,
+        roles: tuple[str, ...] = (),
+        *,
+        now: float | None = None,
     ) -> Session:
         return cls(
             csrf=secrets.token_urlsafe(32),
-            expires=time.time() + lifetime_s,
+            expires=(time.time() if now is None else now) + lifetime_s,
             token=token,
             user=user,
             roles=roles,
-            modified=True,
         )
 
     @property
@@ -86,66 +91,67 @@ class Session:
 
     def flash(self, level: str, message: str) -> None:
         self.flashes.append((level, message))
-        self.modified = True
 
     def take_flashes(self) -> list[tuple[str, str]]:
         taken, self.flashes = self.flashes, []
-        if taken:
-            self.modified = True
         return taken
 
     def csrf_ok(self, presented: str | None) -> bool:
         return bool(presented) and hmac.compare_digest(self.csrf.encode(), (presented or "").encode())
 
-    def payload(self) -> dict[str, Any]:
-        return {
-            "csrf": self.csrf,
-            "exp": self.expires,
-            "tok": self.token,
-            "usr": self.user,
-            "rl": list(self.roles),
-            "fl": [list(f) for f in self.flashes],
-        }
+
+def _key(session_id: str) -> bytes:
+    return hashlib.sha256(session_id.encode("ascii")).digest()
 
 
-def _fernet_key(secret: bytes) -> bytes:
-    """The Fernet key (base64url of 32 bytes: 16 to sign, 16 to encrypt) derived from ``secret``."""
-    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KEY_INFO).derive(secret)
-    return base64.urlsafe_b64encode(derived)
+def _expiry(_key: bytes, session: Session, _now: float) -> float:
+    return session.expires
 
 
-class SessionCodec:
-    """Encrypts and checks session cookies with a key derived from one secret."""
+class SessionStore:
+    """The console's sessions by id: bounded, expiring, safe to share between threads."""
 
-    def __init__(self, secret: bytes) -> None:
-        if len(secret) < 32:
-            raise ValueError("the session secret must be at least 32 bytes")
-        self._fernet = Fernet(_fernet_key(secret))
+    def __init__(self, *, capacity: int, anonymous_capacity: int, clock: Callable[[], float] = time.time) -> None:
+        if capacity < 1 or anonymous_capacity < 1:
+            raise ValueError("session capacities must be at least 1")
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Least recently used first out, once expired sessions are dropped (TLRU).
+        self._signed_in: TLRUCache[bytes, Session] = TLRUCache(capacity, ttu=_expiry, timer=clock)
+        self._anonymous: TLRUCache[bytes, Session] = TLRUCache(anonymous_capacity, ttu=_expiry, timer=clock)
 
-    def dumps(self, session: Session) -> str:
-        plain = json.dumps(session.payload(), separators=(",", ":")).encode()
-        # Fernet tokens are base64url; the padding is dropped so the cookie value needs no quoting.
-        return self._fernet.encrypt(plain).rstrip(b"=").decode("ascii")
+    def open(self, session: Session) -> str:
+        """Keep ``session`` under a new random id and return the id (the cookie's value)."""
+        session_id = secrets.token_urlsafe(32)
+        table = self._signed_in if session.logged_in else self._anonymous
+        with self._lock:
+            table[_key(session_id)] = session
+        return session_id
 
-    def loads(self, cookie: str | None, *, now: float | None = None) -> Session | None:
-        """The session in a cookie, or None when it is missing, forged, foreign, malformed or expired."""
-        if not cookie or len(cookie) > _MAX_COOKIE:
+    def get(self, session_id: str | None) -> Session | None:
+        """The live session of ``session_id``, or None (missing, malformed, unknown, closed, expired)."""
+        if not session_id or not _SESSION_ID.fullmatch(session_id):
             return None
-        try:
-            token = cookie.encode("ascii")
-            plain = self._fernet.decrypt(token + b"=" * (-len(token) % 4))
-            data = json.loads(plain)
-            session = Session(
-                csrf=str(data["csrf"]),
-                expires=float(data["exp"]),
-                token=None if data.get("tok") is None else str(data["tok"]),
-                flashes=[(str(level), str(text)) for level, text in data.get("fl", [])],
-                user=None if data.get("usr") is None else str(data["usr"]),
-                roles=tuple(str(role) for role in data.get("rl", [])),
-            )
-        except (InvalidToken, ValueError, KeyError, TypeError):  # ValueError: bad JSON, non-ASCII too
-            return None
-        # The expiry is inside the encrypted payload, so it cannot be extended by the holder.
-        if session.expires <= (time.time() if now is None else now):
-            return None
-        return session
+        key = _key(session_id)
+        with self._lock:
+            for table in (self._signed_in, self._anonymous):
+                found = table.get(key)
+                if found is not None and found.expires > self._clock():
+                    return found
+        return None
+
+    def close(self, session_id: str | None) -> None:
+        """End the session of ``session_id``, whichever kind it is (a no-op for an unknown id)."""
+        if not session_id or not _SESSION_ID.fullmatch(session_id):
+            return
+        key = _key(session_id)
+        with self._lock:
+            self._signed_in.pop(key, None)
+            self._anonymous.pop(key, None)
+
+    def counts(self) -> tuple[int, int]:
+        """How many live sessions are kept: (signed in, anonymous)."""
+        with self._lock:
+            self._signed_in.expire()
+            self._anonymous.expire()
+            return len(self._signed_in), len(self._anonymous)

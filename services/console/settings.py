@@ -1,11 +1,13 @@
-"""The console's settings: where it listens, how it encrypts sessions, where the services are.
+"""The console's settings: where it listens, how long and how many sessions it keeps, where
+the services are.
 
 All ``FLOTILLA_*`` variables (or the stack env file), like every member of the fleet:
-``FLOTILLA_HTTP_HOST`` / ``FLOTILLA_HTTP_PORT`` (default 18108),
-``FLOTILLA_CONSOLE_SESSION_SECRET`` (random per process when unset: sessions then end
-with the process, and more than one replica cannot share them), and the services'
-``FLOTILLA_POLICY_URL``, ``FLOTILLA_AUDIT_URL``, ``FLOTILLA_DLQ_URL``,
-``FLOTILLA_EXECUTOR_URL`` (see :class:`flotilla_ops.fleetapi.FleetEndpoints`).
+``FLOTILLA_HTTP_HOST`` / ``FLOTILLA_HTTP_PORT`` (default 18108), the session limits
+(``FLOTILLA_CONSOLE_SESSION_HOURS``, ``FLOTILLA_CONSOLE_MAX_SESSIONS``,
+``FLOTILLA_CONSOLE_MAX_ANONYMOUS_SESSIONS``), and the services' ``FLOTILLA_POLICY_URL``,
+``FLOTILLA_AUDIT_URL``, ``FLOTILLA_DLQ_URL``, ``FLOTILLA_EXECUTOR_URL`` (see
+:class:`flotilla_ops.fleetapi.FleetEndpoints`). Sessions live in the process
+(:mod:`services.console.session`), so there is no session secret to set.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from flotilla_ops.fleetapi import FleetEndpoints
-from pydantic import SecretStr
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.service import ServiceSettings
@@ -27,10 +29,13 @@ class ConsoleSettings(ServiceSettings):
     service_name: str = CONSOLE.name
     http_port: int = CONSOLE.http_port
 
-    # The secret the session cookie's encryption key is derived from; at least 32 characters when set.
-    console_session_secret: SecretStr | None = None
     # How long a login lasts (absolute, not sliding).
-    console_session_hours: float = 8.0
+    console_session_hours: float = Field(default=8.0, gt=0)
+    # How many sessions the process keeps: signed-in people, and anonymous visitors (every
+    # visitor has one, for the login form's CSRF token). When a table is full the least
+    # recently used session in it ends; anonymous visitors never push out a signed-in person.
+    console_max_sessions: int = Field(default=1000, ge=1)
+    console_max_anonymous_sessions: int = Field(default=10000, ge=1)
     # Mark the cookie Secure: set it when the console is served over HTTPS.
     console_cookie_secure: bool = False
     # Seconds to wait for a service before showing it as unreachable.

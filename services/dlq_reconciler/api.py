@@ -34,7 +34,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from flotilla import commands
+from flotilla import commands, metrics
 from flotilla.authority import Unauthorized, verify_command
 from flotilla.keys import Keyring
 from flotilla.rawrecords import b64, jsonable
@@ -47,7 +47,6 @@ from flotilla.serde import (
     UndecodableRecordError,
 )
 from flotilla.settings import KafkaTarget, kafka_connection
-from services.dlq_reconciler.auth import OperatorTokens
 from services.dlq_reconciler.quarantine import (
     DeadLetter,
     RequeueRefused,
@@ -56,7 +55,7 @@ from services.dlq_reconciler.quarantine import (
     requeue_headers,
     with_identity,
 )
-from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DlqSettings
+from services.dlq_reconciler.settings import DlqSettings
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +207,11 @@ class _RequeueProducer:
 
 
 def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], None]:
-    tokens = OperatorTokens(settings.operator_tokens)
+    tokens, demo = settings.operators()  # refuses to start without operators outside the demo profile
+    origin_label = metrics.BoundedLabel(settings.origin_topics)  # the origin comes from a dlq_* header
+    if demo:
+        log.warning("the public demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
     authority = Keyring.parse(settings.authorization_public_keys)
-    if any(isinstance(t, str) and t.lower() == DEMO_OPERATOR_DIGEST for t in settings.operator_tokens):
-        log.warning("the demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
 
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
         producer = _RequeueProducer(settings.kafka_client(), settings.requeue_timeout_seconds)
@@ -318,7 +318,7 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
                         entry_id,
                     ),
                 )
-            REQUEUED.labels(letter.origin_topic, str(sanitized is not None).lower()).inc()
+            REQUEUED.labels(origin_label(letter.origin_topic), str(sanitized is not None).lower()).inc()
             log.info(
                 "%s re-queued %s to %s[%s]@%s",
                 operator.name,

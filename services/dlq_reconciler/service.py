@@ -29,7 +29,7 @@ def raw_loop(ctx: ServiceContext, settings: DlqSettings, group: str | None = Non
         topics=settings.dlq_topics,
         bootstrap=settings.kafka_client(),
         pool=ctx.pool,
-        handle=Reconciler(ctx, settings.incidents_topic),
+        handle=Reconciler(ctx, settings.incidents_topic, settings.origin_topics),
     )
 
 

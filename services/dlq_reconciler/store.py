@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -20,9 +20,16 @@ from prometheus_client import Counter
 from psycopg.types.json import Jsonb
 
 from flotilla import metrics
+from flotilla.handling import BusinessRuleViolation
 from flotilla.rawloop import AfterCommit
 from flotilla.rawrecords import b64
 from flotilla.runner import ServiceContext
+from flotilla.serde import (
+    RecordValidationError,
+    SchemaNotRegisteredError,
+    UndecodableRecordError,
+    UnknownSchemaIdError,
+)
 from services.dlq_reconciler.quarantine import (
     DEAD_LETTER_QUARANTINED,
     DeadLetter,
@@ -37,6 +44,22 @@ QUARANTINED = Counter(
     "Dead records quarantined by the DLQ reconciler (one per origin record), by error class.",
     ["error_class", "origin_topic"],
 )
+# Both labels come from dlq_* headers, which any producer to a *.dlq topic writes: an
+# origin other than the topics this reconciler reads, and error classes beyond the
+# runtime's own and the first few dozen others, are counted as "other" (the quarantine
+# entry and its DeadLetterQuarantined fact keep the exact values).
+RUNTIME_ERROR_CLASSES = tuple(
+    error.__name__
+    for error in (
+        BusinessRuleViolation,
+        RecordValidationError,
+        SchemaNotRegisteredError,
+        UndecodableRecordError,
+        UnknownSchemaIdError,
+        ValueError,
+    )
+)
+SPARE_ERROR_CLASSES = 50
 SIGHTINGS = Counter(
     "flotilla_dead_letter_sightings_total",
     "Dead letters read by the DLQ reconciler, including further letters about a quarantined record.",
@@ -58,9 +81,14 @@ VALUES (%s, %s, %s, %s, %s, %s, %s)
 class Reconciler:
     """The raw loop's batch handler."""
 
-    def __init__(self, ctx: ServiceContext, incidents_topic: str) -> None:
+    def __init__(self, ctx: ServiceContext, incidents_topic: str, origin_topics: Iterable[str]) -> None:
         self._ctx = ctx
         self._topic = incidents_topic
+        self.origin_label = metrics.BoundedLabel(origin_topics)
+        self.error_class_label = metrics.BoundedLabel(RUNTIME_ERROR_CLASSES, spare=SPARE_ERROR_CLASSES)
+
+    def count_quarantined(self, letter: DeadLetter) -> None:
+        QUARANTINED.labels(self.error_class_label(letter.error_class), self.origin_label(letter.origin_topic)).inc()
 
     def __call__(self, conn: psycopg.Connection[Any], msgs: list[Message]) -> AfterCommit:
         letters = [DeadLetter.from_message(m) for m in msgs]
@@ -83,7 +111,7 @@ class Reconciler:
             for letter in letters:
                 SIGHTINGS.labels(letter.dlq_topic).inc()
             for letter, announced in new:
-                QUARANTINED.labels(letter.error_class, letter.origin_topic).inc()
+                self.count_quarantined(letter)
                 if announced:
                     metrics.count_produced(self._ctx.source, self._topic, DEAD_LETTER_QUARANTINED)
                 else:

@@ -87,7 +87,10 @@ def render(p: store.StoredProposal, now: datetime) -> dict[str, Any]:
 
 def install_routes(app: FastAPI, svc: ServiceContext, runtime: PolicyRuntime) -> None:
     if runtime.demo_users:
-        log.warning("approval API uses the demo users (alice-token, bob-token): set FLOTILLA_POLICY_USERS")
+        log.warning(
+            "approval API uses the public demo users (alice-token, bob-token) of FLOTILLA_PROFILE=demo: "
+            "set FLOTILLA_POLICY_USERS"
+        )
 
     def person(authorization: Annotated[str | None, Header()] = None) -> Person:
         found = runtime.tokens.authenticate_header(authorization)

@@ -7,9 +7,10 @@ keep raw tokens out of its configuration altogether. In memory only SHA-256 dige
 kept; a presented token is hashed and compared against *every* entry with
 ``hmac.compare_digest``, so neither the comparison nor the loop ends early on a match.
 
-Without configuration the local demo users apply: ``alice-token`` (alice, approver) and
-``bob-token`` (bob, viewer). They are for the local stack only; the service logs a
-warning when it runs with them.
+Without configuration, and only in the demo profile (``FLOTILLA_PROFILE=demo``: the local
+stack, compose's demo, the Kubernetes dev overlay), the demo users apply: ``alice-token``
+(alice, approver) and ``bob-token`` (bob, viewer); the service logs a warning when it runs
+with them. In any other profile it refuses to start (see ``PolicySettings.token_store``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from flotilla.keys import Keyring, load_private_key
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.fleet import POLICY, SIM, url
-from services.policy.auth import DEMO_USERS, TokenStore
+from services.policy.auth import DEMO_USERS, TokenStore, UsersConfigError
 
 
 class PolicySettings(ServiceSettings):
@@ -30,7 +30,8 @@ class PolicySettings(ServiceSettings):
     policy_dry_run: bool = False
     # Folder of *.cedar files and flotilla.cedarschema (default: infra/policies).
     policy_dir: Path | None = None
-    # JSON {"<token>": {"user": ..., "roles": [...]}}; or a file of the same; else demo users.
+    # JSON {"<token>": {"user": ..., "roles": [...]}}, or a file of the same. Neither: the demo
+    # users in the demo profile (FLOTILLA_PROFILE=demo), a refusal to start otherwise.
     policy_users: str | None = None
     policy_users_file: Path | None = None
     # Where current replica counts come from (the 2x rule): the sim's API, or nowhere
@@ -75,9 +76,20 @@ class PolicySettings(ServiceSettings):
         return keyring
 
     def token_store(self) -> tuple[TokenStore, bool]:
-        """The configured users, and whether they are the demo defaults."""
-        if self.policy_users:
-            return TokenStore.from_json(self.policy_users), False
-        if self.policy_users_file is not None:
-            return TokenStore.from_file(self.policy_users_file), False
-        return TokenStore(DEMO_USERS), True
+        """The configured users, and whether they are the demo defaults.
+
+        Raises :class:`~flotilla.settings.MissingCredentials` when no users are configured
+        outside the demo profile, and :class:`UsersConfigError` for a configuration that
+        names nobody (``{}``, in any profile: an approval API no one can use is a mistake).
+        """
+        if self.policy_users and self.policy_users.strip():
+            store, source = TokenStore.from_json(self.policy_users), "FLOTILLA_POLICY_USERS"
+        elif self.policy_users_file is not None:
+            store = TokenStore.from_file(self.policy_users_file)
+            source = f"FLOTILLA_POLICY_USERS_FILE ({self.policy_users_file})"
+        else:
+            self.allow_demo_credentials("FLOTILLA_POLICY_USERS")
+            return TokenStore(DEMO_USERS), True
+        if len(store) == 0:
+            raise UsersConfigError(f"{source} names no users: configure at least one token")
+        return store, False

@@ -177,3 +177,37 @@ def test_a_viewer_is_refused_and_an_approver_approves_and_sees_the_outcome(
     shot(alice, "dlq-entry")
     entry = fleet.dlq("GET", f"/quarantine?incident={incident}")["entries"][0]
     assert entry["status"] == "quarantined"  # nothing was re-queued
+
+
+def test_signing_out_ends_the_session_for_a_copied_cookie_too(fleet: Fleet, browser: object) -> None:
+    """A cookie copied before sign-out (a proxy log, a shared machine) opens nothing after it,
+    and a decision posted with it is refused before it reaches the policy service."""
+    alice = signed_in(browser, APPROVER)
+    alice.goto(f"{CONSOLE_URL}/approvals")  # type: ignore[attr-defined]
+    copied = [c for c in alice.context.cookies() if c["name"] == "flotilla_console"]  # type: ignore[attr-defined]
+    assert len(copied) == 1 and "alice" not in copied[0]["value"] and APPROVER not in copied[0]["value"]
+    csrf = alice.locator("form.logout input[name=csrf]").get_attribute("value")  # type: ignore[attr-defined]
+
+    thief = browser.new_context(viewport={"width": 1360, "height": 700})  # type: ignore[attr-defined]
+    thief.add_cookies(copied)
+    page = thief.new_page()
+    page.goto(f"{CONSOLE_URL}/approvals")
+    expect(page.locator("#who")).to_have_text("signed in as alice (approver)")  # the copy works before sign-out
+
+    alice.click("form.logout button[type=submit]")  # type: ignore[attr-defined]
+    expect(alice.locator(".flash.ok")).to_contain_text("Signed out.")  # type: ignore[attr-defined]
+
+    thief.clear_cookies()
+    thief.add_cookies(copied)
+    page.goto(f"{CONSOLE_URL}/approvals")
+    expect(page).to_have_url(re.compile(r"/login\?next="))
+    thief.clear_cookies()
+    thief.add_cookies(copied)
+    answer = thief.request.post(
+        f"{CONSOLE_URL}/approvals/00000000-0000-0000-0000-000000000000/approve",
+        form={"csrf": csrf or "", "digest": "sha256:" + "0" * 64},
+        max_redirects=0,
+    )
+    assert answer.status == 403 and "CSRF" in answer.text()
+    thief.close()
+    alice.context.close()  # type: ignore[attr-defined]

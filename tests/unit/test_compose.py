@@ -323,6 +323,7 @@ def test_testcontainers_settings_match_the_local_stack(stackctl: ModuleType) -> 
     assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://127.0.0.1:{stackctl.PORTS['registry']}"
     same = set(local) - {"FLOTILLA_STACK", "FLOTILLA_SCHEMA_REGISTRY_URL"}
     assert {k: env[k] for k in same} == {k: local[k] for k in same}
+    assert local["FLOTILLA_PROFILE"] == "demo"  # both are the demo: demo credentials allowed
 
 
 def test_healthcheck_translates_to_the_docker_sdk_form(services: dict[str, dict[str, Any]]) -> None:

@@ -65,18 +65,19 @@ def services() -> dict[str, dict[str, Any]]:
     return svc
 
 
-def resolved(value: object) -> str:
-    """A compose value as `docker compose up` sees it without an .env: defaults applied."""
+def resolved(value: object, given: dict[str, str] | None = None) -> str:
+    """A compose value as `docker compose up` sees it with the variables ``given`` (an .env);
+    without them, defaults applied."""
 
     def default(match: re.Match[str]) -> str:
         assert match.group(2) == ":-", f"${{{match.group(1)}}} has no default: plain `docker compose up` would fail"
-        return match.group(3)
+        return (given or {}).get(match.group(1)) or match.group(3)
 
     return INTERPOLATION.sub(default, str(value))
 
 
-def env_of(service: dict[str, Any]) -> dict[str, str]:
-    return {k: resolved(v) for k, v in (service.get("environment") or {}).items()}
+def env_of(service: dict[str, Any], given: dict[str, str] | None = None) -> dict[str, str]:
+    return {k: resolved(v, given) for k, v in (service.get("environment") or {}).items()}
 
 
 def settings_class(member: Member) -> type[ServiceSettings]:
@@ -291,16 +292,46 @@ def test_the_settings_load_from_that_environment(
         shown = got.get_secret_value() if hasattr(got, "get_secret_value") else got
         if isinstance(shown, str | int | float | bool | Path):
             assert str(shown) == value or str(shown).lower() == value.lower(), key
-    if MEMBERS[name] is fleet.CONSOLE:
-        secret = getattr(settings, "console_session_secret", None)
-        assert secret is not None and len(secret.get_secret_value()) >= 32
 
 
-def test_the_demo_operator_token_default_is_the_services_own(services: dict[str, dict[str, Any]]) -> None:
-    from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST
+def _load_member_settings(
+    services: dict[str, dict[str, Any]], name: str, given: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """The member's settings as compose starts it with the .env variables ``given``."""
+    for key in [k for k in os.environ if k.startswith("FLOTILLA_")]:
+        monkeypatch.delenv(key)
+    for key, value in env_of(services[name], given).items():
+        monkeypatch.setenv(key, value)
+    return settings_class(MEMBERS[name])()
 
-    tokens = json.loads(env_of(services["dlq-reconciler"])["FLOTILLA_OPERATOR_TOKENS"])
-    assert tokens == [DEMO_OPERATOR_DIGEST]
+
+def test_compose_is_the_demo_profile_and_its_demo_credentials_need_it(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from flotilla.settings import MissingCredentials
+    from services.dlq_reconciler.settings import DEMO_OPERATOR_TOKEN
+
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    for name, member in MEMBERS.items():
+        if member.database:
+            assert env_of(services[name])["FLOTILLA_PROFILE"] == "demo", name
+    # Without an .env: the demo users and the demo operator token, as the services' own fallback
+    # (compose passes no credential of its own: nothing to keep in step).
+    assert env_of(services["policy-service"])["FLOTILLA_POLICY_USERS"] == ""
+    assert env_of(services["dlq-reconciler"])["FLOTILLA_OPERATOR_TOKENS"] == ""
+    store, demo = _load_member_settings(services, "policy-service", {}, monkeypatch).token_store()
+    assert demo and store.authenticate("alice-token") is not None
+    operators, demo = _load_member_settings(services, "dlq-reconciler", {}, monkeypatch).operators()
+    assert demo and operators.authenticate(f"Bearer {DEMO_OPERATOR_TOKEN}") is not None
+    # FLOTILLA_PROFILE=production in .env, credentials forgotten: the services refuse to start.
+    production = {"FLOTILLA_PROFILE": "production"}
+    with pytest.raises(MissingCredentials, match="FLOTILLA_POLICY_USERS"):
+        _load_member_settings(services, "policy-service", production, monkeypatch).token_store()
+    with pytest.raises(MissingCredentials, match="FLOTILLA_OPERATOR_TOKENS"):
+        _load_member_settings(services, "dlq-reconciler", production, monkeypatch).operators()
+    # The console keeps its sessions in memory: no (fixed, public) session secret anywhere.
+    assert not [k for k in env_of(services["console"]) if "SECRET" in k]
+    assert "FLOTILLA_CONSOLE_SESSION_SECRET" not in COMPOSE_FILE.read_text() + DEMO_ENV.read_text()
 
 
 def test_only_the_sim_and_the_executor_hold_the_action_token(services: dict[str, dict[str, Any]]) -> None:
@@ -382,6 +413,7 @@ def test_fleet_init_prepares_every_database_as_its_service_will(
 ) -> None:
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
     monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "audit.pem"))
+    monkeypatch.setenv("FLOTILLA_PROFILE", "demo")  # compose's: the specs build with the demo credentials
     outbox, plain = _prepare_args(services)
     with_db = [m for m in fleet.FLEET if m.database]
     assert sorted(outbox + plain) == sorted(m.database for m in with_db if m.database)

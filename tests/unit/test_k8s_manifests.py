@@ -86,7 +86,6 @@ SECRETS = {
     "flotilla-llm",
     "flotilla-approvers",
     "flotilla-operators",
-    "flotilla-console",
     "flotilla-audit-signing-key",
     "flotilla-console-tls",
     "flotilla-sim-action-token",  # dev: the sim's action API admits only the executor
@@ -463,16 +462,45 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
     for owner, name in [
         ("Deployment/policy-service", "flotilla-approvers"),
         ("Deployment/dlq-reconciler", "flotilla-operators"),
-        ("Deployment/console", "flotilla-console"),
     ]:
         optional = refs[(owner, name)].get("optional", False)
         assert optional is (overlay == "dev"), f"{owner}: {name} optional={optional} in {overlay}"
+    # and should a Secret be there but empty, the services themselves refuse outside the demo profile
+    expected = "demo" if overlay == "dev" else "production"
+    for w in workloads(objects):
+        env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
+        if member_of(w) == "flotilla-prepare" or BY_NAME[member_of(w)].database is not None:
+            assert env["FLOTILLA_PROFILE"] == expected, ident(w)
     if overlay == "production":
         policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
         assert policy["FLOTILLA_POLICY_INVENTORY"] == "none"
         for w in workloads(objects):
             env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
             assert "FLOTILLA_POLICY_DRY_RUN" not in env
+
+
+def test_console_replicas_beyond_one_get_sticky_sessions(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    """The console keeps sessions in its process: with two replicas and no affinity, a person
+    would be signed out on every other request (and a login would land on the wrong one)."""
+    (console,) = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "console"]
+    container = console["spec"]["template"]["spec"]["containers"][0]
+    assert "FLOTILLA_CONSOLE_SESSION_SECRET" not in container_env(objects, container)  # nothing reads it
+    ingresses = [
+        i
+        for i in of_kind(objects, "Ingress")
+        for rule in i["spec"]["rules"]
+        for path in rule["http"]["paths"]
+        if path["backend"]["service"]["name"] == "console"
+    ]
+    if console["spec"].get("replicas", 1) == 1:
+        return
+    assert ingresses, "more than one console replica, but no Ingress to keep a browser on one"
+    for ingress in ingresses:
+        assert ingress["spec"]["ingressClassName"] == "nginx"
+        notes = ingress["metadata"].get("annotations", {})
+        assert notes.get("nginx.ingress.kubernetes.io/affinity") == "cookie", ident(ingress)
+        assert notes.get("nginx.ingress.kubernetes.io/session-cookie-secure") == "true", ident(ingress)
+        assert notes.get("nginx.ingress.kubernetes.io/session-cookie-samesite") == "Strict", ident(ingress)
 
 
 # ----------------------------------------------------------------------------- Kafka Connect
@@ -597,7 +625,9 @@ def _member_kafka_access(member: str) -> tuple[set[str], set[str]]:
         dlqs = set(DlqSettings().dlq_topics)
         return dlqs, {t.removesuffix(".dlq") for t in dlqs}
     module = importlib.import_module(f"{BY_NAME[member].module}.service")
-    built = module.spec() if hasattr(module, "spec") else module.build_spec()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FLOTILLA_PROFILE", "demo")  # the code's topics, not its credentials
+        built = module.spec() if hasattr(module, "spec") else module.build_spec()
     spec = built[0] if isinstance(built, tuple) else built
     assert spec.name == member and spec.topics, member
     return set(spec.topics), {dlq_topic(t) for t in spec.topics}

@@ -251,3 +251,42 @@ def test_llm_tokens_of_rejected_answers_are_counted_too(model_server: Any) -> No
     assert usage.prompt_tokens > 0
     assert value("flotilla_llm_tokens_total", model="tokens-bad", kind="prompt") == usage.prompt_tokens
     assert value("flotilla_llm_tokens_total", model="tokens-bad", kind="completion") == usage.completion_tokens
+
+
+# ------------------------------------------------------ labels from incoming data
+
+
+def test_a_bounded_label_passes_known_values_admits_a_few_more_and_folds_the_rest() -> None:
+    label = metrics.BoundedLabel(("incidents", "commands"), spare=2)
+    assert [label(v) for v in ("incidents", "commands", "a", "b", "a", "c", "incidents")] == [
+        "incidents",
+        "commands",
+        "a",
+        "b",
+        "a",
+        "other",
+        "incidents",
+    ]
+    assert metrics.BoundedLabel(spare=5, max_length=8)("x" * 9) == "other"  # a long value costs a slot of none
+    assert metrics.BoundedLabel(("incidents",))("commands") == "other"  # no spare: known values only
+
+
+def test_a_bounded_label_admits_no_more_than_its_spare_under_concurrency() -> None:
+    import threading
+
+    label = metrics.BoundedLabel(spare=10)
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def flood(start: int) -> None:
+        for n in range(start, start + 500):
+            got = label(f"value-{n}")
+            with lock:
+                seen.add(got)
+
+    threads = [threading.Thread(target=flood, args=(i * 500,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen - {"other"}) == 10 and "other" in seen

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flotilla.settings import StackSettings, default_env_file, load_settings
+from flotilla.settings import MissingCredentials, StackSettings, default_env_file, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +28,22 @@ def test_defaults_point_at_the_local_stack() -> None:
     assert s.pg_host == "127.0.0.1"
     assert s.pg_port == 55432
     assert s.kafka_bootstrap == "127.0.0.1:19092"
+
+
+def test_the_profile_is_production_unless_demo_is_chosen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert StackSettings().profile == "production"
+    with pytest.raises(MissingCredentials, match="FLOTILLA_X is not set") as refused:
+        StackSettings().allow_demo_credentials("FLOTILLA_X")
+    assert "FLOTILLA_PROFILE=production" in str(refused.value)
+    monkeypatch.setenv("FLOTILLA_PROFILE", "demo")
+    StackSettings().allow_demo_credentials("FLOTILLA_X")  # allowed: returns
+    monkeypatch.setenv("FLOTILLA_PROFILE", "Demo ")  # no guessing at what was meant
+    with pytest.raises(ValueError, match="profile"):
+        StackSettings()
+    monkeypatch.delenv("FLOTILLA_PROFILE")
+    env_file = tmp_path / "stack.env"
+    env_file.write_text("FLOTILLA_PROFILE=demo\n")  # as the local stack writes it
+    assert load_settings(env_file).profile == "demo"
 
 
 def test_reads_flotilla_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -268,6 +268,7 @@ def stack_settings(specs: Iterable[ServiceSpec]) -> dict[str, str]:
     connect = _published(by_name["connect"])
     return {
         "FLOTILLA_STACK": "docker",
+        "FLOTILLA_PROFILE": "demo",  # the compose file's demo, like the local stack
         "FLOTILLA_KAFKA_BOOTSTRAP": f"{kafka.host_ip}:{kafka.host_port}",
         # Confluent's registry serves its API at the root (the local stack's Apicurio
         # serves the same API under /apis/ccompat/v7).

@@ -2,7 +2,8 @@
 
 A timeline is every audited record of one incident in the order things happened, with
 the time since the first record, the time since the one before, and which record caused
-it (and how long after its cause it came).
+it (and how long after its cause it came). The audit service serves it in pages of log
+order (``--limit``, ``--after``); the command says how to ask for the next one.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def render_timeline(found: dict[str, Any], show_values: bool = False) -> str:
     for e in entries:
         if e.get("causePosition") is not None:
             cause = f"#{e['causePosition']} {_short(e['causedBy']['type'])} (+{e['sinceCauseMs']} ms)"
+        elif e.get("causedBy"):
+            cause = f"seq {e['causedBy']['seq']} {_short(e['causedBy']['type'])} (another page)"
         elif e.get("causationId"):
             cause = f"{e['causationId']} (not in this incident)"
         else:
@@ -71,6 +74,12 @@ def render_timeline(found: dict[str, Any], show_values: bool = False) -> str:
         )
     text = table(rows, ["#", "elapsed", "Δprev ms", "topic", "type", "source", "caused by"])
     lines = [head, text]
+    page = found.get("page") or {}
+    if page.get("nextAfter") is not None:
+        lines.append(
+            f"... more records: flotilla incidents show {found['incidentId']} --after {page['nextAfter']}"
+            f"{' --limit ' + str(page['limit']) if page.get('limit') else ''}"
+        )
     if show_values:
         lines.append("")
         for e in entries:
@@ -106,11 +115,15 @@ def show(
     ctx: typer.Context,
     incident_id: Annotated[str, typer.Argument(help="e.g. incident-7")],
     values: Annotated[bool, typer.Option("--values", help="Also print each record's value.")] = False,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, max=5000, help="At most this many records (audit's page: 500).")
+    ] = None,
+    after: Annotated[int, typer.Option("--after", min=0, help="Only records after this log position (seq).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """An incident's timeline: each record, its time, what caused it and how long after."""
     out = Output.of(ctx, as_json)
     with runtime(ctx).api() as api, api_errors(out, f"reading the timeline of {incident_id}"):
-        found = api.timeline(incident_id)
+        found = api.timeline(incident_id, limit=limit, after=after or None)
     found = {**found, "timeline": with_timings(found.get("timeline", []))}
     out.emit(found, lambda d: render_timeline(d, values))

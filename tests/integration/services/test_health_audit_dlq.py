@@ -47,7 +47,7 @@ from services.audit.chain import Signer
 from services.audit.keys import load_or_create
 from services.audit.settings import AuditSettings
 from services.dlq_reconciler import service as dlq_service
-from services.dlq_reconciler.settings import DEMO_OPERATOR_TOKEN, DlqSettings
+from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN, DlqSettings
 from services.health_agent import service as health_service
 from services.health_agent.settings import HealthSettings
 
@@ -466,6 +466,23 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
     assert dead["deadLetter"]["reason"] == "undecodable"
     assert client.get("/incidents/incident-never-seen/timeline").status_code == 404
 
+    # In pages of one: every record once, in log order, with the same times and causes as
+    # the whole timeline (a cause on an earlier page is still linked).
+    whole = {e["seq"]: (e["elapsedMs"], e["causedBy"]) for e in timeline}
+    paged: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = client.get(f"/incidents/{incident}/timeline", params={"limit": 1, "after": after}).json()
+        assert len(page["timeline"]) == 1 and page["page"]["after"] == after and page["page"]["limit"] == 1
+        paged += page["timeline"]
+        after = page["page"]["nextAfter"]
+    assert [e["seq"] for e in paged] == sorted(whole)
+    assert {e["seq"]: (e["elapsedMs"], e["causedBy"]) for e in paged} == whole
+    past_the_end = client.get(f"/incidents/{incident}/timeline", params={"after": max(whole)}).json()
+    assert past_the_end["timeline"] == [] and past_the_end["page"]["nextAfter"] is None
+    for bad in ({"limit": 0}, {"limit": 5001}, {"after": -1}):
+        assert client.get(f"/incidents/{incident}/timeline", params=bad).status_code == 422, bad
+
     public = client.get("/public-key").json()
     assert public["keyId"] == signer.key_id
     key = load_pem_public_key(public["publicKeyPem"].encode())
@@ -515,6 +532,7 @@ def reconciler(stack: StackSettings, topics: None) -> Iterator[tuple[ServiceCont
         service_database=DLQ_DB,
         dlq_topics=(f"{TOPIC}.dlq",),
         incidents_topic=TOPIC,
+        operator_tokens=[DEMO_OPERATOR_DIGEST],  # explicit: whatever profile the stack's env file names
         http_port=0,
     )
     ctx = prepare(dlq_service.build_spec(settings), settings)

@@ -97,6 +97,30 @@ def test_timeline_shows_elapsed_time_causes_and_gaps(cli: CliRunner, http_runtim
     assert data["timeline"][0]["sincePreviousMs"] is None and "causePosition" not in data["timeline"][0]
 
 
+def test_a_long_timeline_comes_in_pages_and_says_how_to_get_the_next(
+    cli: CliRunner, http_runtime: Runtime, services: Services
+) -> None:
+    later = dict(
+        TIMELINE["timeline"][2], seq=145, causedBy={"seq": 40, "type": "dev.flotilla.incidents.X", "eventId": "e1"}
+    )
+    page = {**TIMELINE, "timeline": [later], "page": {"after": 100, "limit": 1, "nextAfter": 145}}
+    services.on("GET", "/incidents/incident-12/timeline", 200, page)
+    result = invoke(cli, http_runtime, "incidents", "show", "incident-12", "--after", "100", "--limit", "1")
+    assert result.exit_code == 0, result.stderr
+    sent = services.requests[-1].url.params
+    assert (sent["after"], sent["limit"]) == ("100", "1")
+    assert "seq 40 X (another page)" in result.stdout  # a cause on another page is named, not "not in this incident"
+    assert result.stdout.rstrip().endswith("more records: flotilla incidents show incident-12 --after 145 --limit 1")
+    data = json.loads(invoke(cli, http_runtime, "incidents", "show", "incident-12", "--json").stdout)
+    assert data["page"]["nextAfter"] == 145
+    assert "after" not in services.requests[-1].url.params and "limit" not in services.requests[-1].url.params
+    last = {**TIMELINE, "page": {"after": 0, "limit": 500, "nextAfter": None}}
+    services.on("GET", "/incidents/incident-12/timeline", 200, last)
+    assert "more records" not in invoke(cli, http_runtime, "incidents", "show", "incident-12").stdout
+    refused = invoke(cli, http_runtime, "incidents", "show", "incident-12", "--limit", "0")
+    assert refused.exit_code != 0
+
+
 def test_incidents_list_and_a_missing_incident(cli: CliRunner, http_runtime: Runtime, services: Services) -> None:
     row = {"incidentId": "incident-12", "status": "RESOLVED", "firstAt": "a", "lastAt": "b", "entries": 3}
     services.on("GET", "/incidents", 200, {"incidents": [row]})

@@ -322,6 +322,23 @@ def test_timeline_shows_dead_letters_with_their_context_and_raw_bytes() -> None:
     assert entries[2]["causedBy"]["seq"] == 1  # causes point at the original, not its dead letter
 
 
+def test_a_timeline_page_counts_from_the_incidents_first_record_and_links_causes_on_other_pages() -> None:
+    # the second page of an incident: its first record (seq 1, at T0) and a cause (seq 2) are elsewhere
+    page = [
+        _row(5, 900, ce_id="e5", ce_causationid="e2"),
+        _row(6, 950, ce_id="e6", ce_causationid="e5"),
+        _row(7, 990, ce_id="e7", ce_causationid="e-unknown"),
+    ]
+    elsewhere = [_row(2, 40, ce_id="e2", record_type=FACT + "DiagnosisRequested")]
+    entries = timeline(page, start=T0, causes=elsewhere)
+    assert [e["seq"] for e in entries] == [5, 6, 7]  # only the page's own records are shown
+    assert [e["elapsedMs"] for e in entries] == [900, 950, 990]  # as on one page of everything
+    assert entries[0]["causedBy"] == {"seq": 2, "type": FACT + "DiagnosisRequested", "eventId": "e2"}
+    assert entries[1]["causedBy"]["seq"] == 5
+    assert entries[2]["causedBy"] is None and entries[2]["causationId"] == "e-unknown"
+    assert [e["elapsedMs"] for e in timeline(page)] == [0, 50, 90]  # without a start: the page's first
+
+
 def test_audit_settings_default_to_every_topic_and_a_key_beside_the_stack_env(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -1,6 +1,7 @@
 """The web console against stand-in services (an ``httpx.MockTransport`` that answers as
-the policy service, audit and the DLQ reconciler do): login and logout, CSRF, approving
-the digest shown, refusals in words, unreachable services, the timeline and the DLQ."""
+the policy service, audit and the DLQ reconciler do): login and logout (server-side
+sessions: a copied cookie dies with the session), CSRF, approving the digest shown,
+refusals in words, unreachable services, the timeline and the DLQ."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import html
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,16 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography.fernet import Fernet, InvalidToken
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fastapi.testclient import TestClient
 from flotilla_ops.fleetapi import FleetApi, FleetEndpoints
 
 from flotilla.digest import command_digest
 from services.console import views
 from services.console.app import create_console_app
-from services.console.session import COOKIE_NAME, Session, SessionCodec
+from services.console.session import COOKIE_NAME, Session, SessionStore
 from services.console.settings import ConsoleSettings
 from services.fleet import AGENTS, BY_NAME, CONSOLE, FLEET
 
@@ -33,7 +32,6 @@ POLICY = "http://policy.test"
 AUDIT = "http://audit.test"
 DLQ = "http://dlq.test"
 EXECUTOR = "http://executor.test"
-SECRET = "s" * 40
 
 USERS = {"alice-token": ("alice", "approver"), "bob-token": ("bob", "viewer")}
 OPERATORS = {"operator-token": "operator"}
@@ -166,18 +164,21 @@ class StandIns:
     revoked: set[str] = field(default_factory=set)
     decisions: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
     requeues: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
+    calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, URL, bearer token)
+    timeline_page: int = 500  # audit's page size
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}"
-        if base in self.down:
-            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         auth = request.headers.get("authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         path = request.url.path
+        self.calls.append((request.method, str(request.url), token))
+        if base in self.down:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if base == POLICY:
             return self._policy(request, path, token)
         if base == AUDIT:
-            return self._audit(path)
+            return self._audit(request, path)
         if base == DLQ:
             return self._dlq(request, path, token)
         return httpx.Response(404, json={"detail": "Not Found"})
@@ -222,7 +223,7 @@ class StandIns:
             )
         return httpx.Response(404, json={"detail": "Not Found"})
 
-    def _audit(self, path: str) -> httpx.Response:
+    def _audit(self, request: httpx.Request, path: str) -> httpx.Response:
         summary = {
             "incidentId": INCIDENT,
             "status": "RESOLVED",
@@ -233,7 +234,11 @@ class StandIns:
         if path == "/incidents":
             return httpx.Response(200, json={"incidents": [summary]})
         if path == f"/incidents/{INCIDENT}/timeline":
-            return httpx.Response(200, json={**summary, "timeline": TIMELINE})
+            after = int(request.url.params.get("after", 0))
+            rest = [e for e in TIMELINE if e["seq"] > after]
+            page, more = rest[: self.timeline_page], len(rest) > self.timeline_page
+            paging = {"after": after, "limit": self.timeline_page, "nextAfter": page[-1]["seq"] if more else None}
+            return httpx.Response(200, json={**summary, "timeline": page, "page": paging})
         return httpx.Response(404, json={"detail": {"error": "no audited records for incident x"}})
 
     def _dlq_entry(self) -> dict[str, Any]:
@@ -318,7 +323,6 @@ def services() -> StandIns:
 
 def _settings(**extra: Any) -> ConsoleSettings:
     return ConsoleSettings(
-        console_session_secret=SECRET,
         policy_url=POLICY,
         audit_url=AUDIT,
         dlq_url=DLQ,
@@ -366,28 +370,32 @@ def test_console_is_a_fleet_member_but_not_an_agent() -> None:
 def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = ConsoleSettings.load()
     assert (defaults.service_name, defaults.http_host, defaults.http_port) == ("console", "127.0.0.1", 18108)
-    assert defaults.console_session_secret is None
+    assert (defaults.console_session_hours, defaults.console_max_sessions) == (8.0, 1000)
+    assert defaults.console_max_anonymous_sessions == 10000
     assert defaults.policy_url == "http://127.0.0.1:18104"
-    monkeypatch.setenv("FLOTILLA_CONSOLE_SESSION_SECRET", SECRET)
+    monkeypatch.setenv("FLOTILLA_CONSOLE_MAX_SESSIONS", "50")
     monkeypatch.setenv("FLOTILLA_POLICY_URL", "http://policy:8080")
     monkeypatch.setenv("FLOTILLA_HTTP_PORT", "9000")
     configured = ConsoleSettings.load()
-    assert configured.console_session_secret is not None
-    assert configured.console_session_secret.get_secret_value() == SECRET
+    assert configured.console_max_sessions == 50
     assert configured.endpoints().policy_url == "http://policy:8080"
     assert configured.http_port == 9000
 
 
-def test_an_unset_secret_is_random_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    settings = ConsoleSettings(policy_url=POLICY)
-    with caplog.at_level("WARNING"):
-        create_console_app(settings, FleetApi(settings.endpoints()))
-    assert "FLOTILLA_CONSOLE_SESSION_SECRET is not set" in caplog.text
-
-
-def test_a_short_secret_is_refused() -> None:
-    with pytest.raises(ValueError, match="at least 32"):
-        create_console_app(ConsoleSettings(console_session_secret="short"))
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FLOTILLA_CONSOLE_MAX_SESSIONS", "0"),
+        ("FLOTILLA_CONSOLE_MAX_ANONYMOUS_SESSIONS", "-1"),
+        ("FLOTILLA_CONSOLE_SESSION_HOURS", "0"),
+    ],
+)
+def test_unbounded_or_empty_session_limits_are_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable.removeprefix("FLOTILLA_").lower()):
+        ConsoleSettings.load()
 
 
 def test_operational_endpoints(client: TestClient) -> None:
@@ -398,6 +406,7 @@ def test_operational_endpoints(client: TestClient) -> None:
     metrics = client.get("/metrics")
     assert metrics.status_code == 200
     assert "flotilla_console_decisions_total" in metrics.text
+    assert client.app.state.sessions.counts() == (0, 0)  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------- session
@@ -419,76 +428,116 @@ def _token_leaks(cookie: str, token: str) -> bool:
     return False
 
 
-def _altered(cookie: str, at: int) -> str:
-    """``cookie`` with one base64url character at ``at`` replaced by another."""
-    return cookie[:at] + ("A" if cookie[at] != "A" else "B") + cookie[at + 1 :]
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_session_cookie_round_trips() -> None:
-    codec = SessionCodec(SECRET.encode())
-    session = Session.fresh(60, token="alice-token", user="alice", roles=("approver",))
-    session.flash("ok", "Signed in.")
-    loaded = codec.loads(codec.dumps(session))
-    assert loaded is not None
-    assert (loaded.token, loaded.csrf, loaded.expires, loaded.flashes, loaded.user, loaded.roles) == (
-        "alice-token",
-        session.csrf,
-        session.expires,
-        [("ok", "Signed in.")],
-        "alice",
-        ("approver",),
-    )
-    assert loaded.who == "alice (approver)" and loaded.holds("approver") and not loaded.holds("operator")
-    anonymous = codec.loads(codec.dumps(Session.fresh(60)))
-    assert anonymous is not None and not anonymous.logged_in
-    assert codec.loads("garbage") is None
-    assert codec.loads("") is None
-    assert codec.loads(None) is None
-    assert codec.loads("é" * 10) is None
+def _signed_in(clock: FakeClock, lifetime_s: float = 60, token: str = "alice-token") -> Session:
+    return Session.fresh(lifetime_s, token=token, user="alice", roles=("approver",), now=clock())
 
 
-def test_session_cookie_does_not_reveal_the_token() -> None:
-    token = "alice-secret-bearer-token"
-    cookie = SessionCodec(SECRET.encode()).dumps(Session.fresh(60, token=token))
-    assert not _token_leaks(cookie, token)
-    assert not _token_leaks(cookie, "csrf")  # nor the payload's structure
-    assert re.fullmatch(r"[A-Za-z0-9_-]+", cookie)  # no quoting needed in a Set-Cookie header
+def test_the_store_gives_each_session_a_random_id_that_carries_nothing() -> None:
+    store = SessionStore(capacity=10, anonymous_capacity=10)
+    session = Session.fresh(60, token="alice-secret-bearer-token", user="alice", roles=("approver",))
+    first, second = store.open(session), store.open(session)
+    assert first != second and re.fullmatch(r"[A-Za-z0-9_-]{43}", first)
+    assert not _token_leaks(first, "alice-secret-bearer-token") and not _token_leaks(first, "alice")
+    assert store.get(first) is session
+    loaded = store.get(first)
+    assert loaded is not None and loaded.who == "alice (approver)" and loaded.holds("approver")
+    assert not loaded.holds("operator")
+    for made_up in (None, "", "garbage", first[:-1], first + "A", "é" * 43, first[:-1] + "!", "A" * 4096):
+        assert store.get(made_up) is None, made_up
+        store.close(made_up)  # a no-op, never an error
+    assert store.get(first) is session
 
 
-def test_the_cookie_is_fernet_under_a_key_derived_from_the_secret() -> None:
-    cookie = SessionCodec(SECRET.encode()).dumps(Session.fresh(60, token="alice-token"))
-    token = (cookie + "=" * (-len(cookie) % 4)).encode()
-    derived = HKDF(
-        algorithm=hashes.SHA256(), length=32, salt=None, info=b"flotilla-console-session.v2 fernet key"
-    ).derive(SECRET.encode())
-    payload = json.loads(Fernet(base64.urlsafe_b64encode(derived)).decrypt(token))
-    assert payload["tok"] == "alice-token"
-    with pytest.raises(InvalidToken):  # the raw secret is not the key
-        Fernet(base64.urlsafe_b64encode(SECRET.encode()[:32])).decrypt(token)
+def test_closing_a_session_ends_it_for_every_copy_of_its_id() -> None:
+    store = SessionStore(capacity=10, anonymous_capacity=10)
+    signed_in, anonymous = store.open(Session.fresh(60, token="alice-token")), store.open(Session.fresh(60))
+    store.close(signed_in)
+    store.close(anonymous)
+    assert store.get(signed_in) is None and store.get(anonymous) is None
+    assert store.counts() == (0, 0)
 
 
-def test_a_session_cookie_of_another_secret_is_rejected() -> None:
-    cookie = SessionCodec(b"t" * 40).dumps(Session.fresh(60, token="alice-token"))
-    assert SessionCodec(SECRET.encode()).loads(cookie) is None
+def test_a_session_ends_at_its_absolute_expiry_however_often_it_is_used() -> None:
+    clock = FakeClock()
+    store = SessionStore(capacity=10, anonymous_capacity=10, clock=clock)
+    session_id = store.open(_signed_in(clock, lifetime_s=60))
+    for _ in range(5):  # use does not extend it
+        clock.now += 10
+        assert store.get(session_id) is not None
+    clock.now += 10
+    assert store.get(session_id) is None
+    assert store.counts() == (0, 0)  # and it is dropped, not kept
+    already_over = _signed_in(clock, lifetime_s=-1)
+    assert store.get(store.open(already_over)) is None
 
 
-def test_a_modified_session_cookie_is_rejected() -> None:
-    codec = SessionCodec(SECRET.encode())
-    cookie = codec.dumps(Session.fresh(60, token="alice-token"))
-    for at in (0, 5, 15, len(cookie) // 2, len(cookie) - 50, len(cookie) - 2):
-        assert codec.loads(_altered(cookie, at)) is None, at
-    assert codec.loads(cookie[:-4]) is None  # cut short
-    assert codec.loads(cookie + "AAAA") is None  # extended
+def test_a_full_store_ends_the_least_recently_used_session() -> None:
+    clock = FakeClock()
+    store = SessionStore(capacity=3, anonymous_capacity=3, clock=clock)
+    ids = [store.open(_signed_in(clock, token=f"t{i}")) for i in range(3)]
+    assert store.get(ids[0]) is not None  # used: now the most recent
+    newest = store.open(_signed_in(clock, token="t3"))
+    assert store.get(ids[1]) is None  # the least recently used went
+    assert all(store.get(i) is not None for i in (ids[0], ids[2], newest))
+    assert store.counts() == (3, 0)
 
 
-def test_an_expired_session_cookie_is_rejected() -> None:
-    codec = SessionCodec(SECRET.encode())
-    cookie = codec.dumps(Session.fresh(60, token="alice-token"))
-    assert codec.loads(cookie, now=time.time() + 30) is not None
-    assert codec.loads(cookie, now=time.time() + 120) is None
-    past = Session.fresh(60, token="alice-token")
-    past.expires = time.time() - 1
-    assert codec.loads(codec.dumps(past)) is None
+def test_expired_sessions_go_before_live_ones_when_the_store_is_full() -> None:
+    clock = FakeClock()
+    store = SessionStore(capacity=2, anonymous_capacity=2, clock=clock)
+    short = store.open(_signed_in(clock, lifetime_s=5))
+    long = store.open(_signed_in(clock, lifetime_s=600))
+    assert store.get(short) is not None  # the short one is the most recently used ...
+    clock.now += 10
+    third = store.open(_signed_in(clock, lifetime_s=600))
+    assert store.get(long) is not None and store.get(third) is not None  # ... but it had expired
+
+
+def test_a_flood_of_anonymous_visitors_never_pushes_out_a_signed_in_person() -> None:
+    clock = FakeClock()
+    store = SessionStore(capacity=1, anonymous_capacity=5, clock=clock)
+    alice = store.open(_signed_in(clock))
+    for _ in range(1000):
+        store.open(Session.fresh(60, now=clock()))
+    assert store.get(alice) is not None
+    assert store.counts() == (1, 5)
+
+
+def test_the_store_is_safe_to_share_between_threads() -> None:
+    store = SessionStore(capacity=50, anonymous_capacity=50)
+    failures: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for n in range(2000):
+                session_id = store.open(Session.fresh(60, token="t" if n % 2 else None))
+                store.get(session_id)
+                if n % 3 == 0:
+                    store.close(session_id)
+        except BaseException as exc:  # reported below, whatever it is
+            failures.append(exc)
+
+    threads = [threading.Thread(target=churn) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    signed_in, anonymous = store.counts()
+    assert signed_in <= 50 and anonymous <= 50
+
+
+def test_capacities_below_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        SessionStore(capacity=0, anonymous_capacity=10)
 
 
 def test_pages_need_a_login(client: TestClient) -> None:
@@ -498,26 +547,83 @@ def test_pages_need_a_login(client: TestClient) -> None:
         assert answer.headers["location"].startswith("/login?next=")
 
 
-def test_login_sets_an_encrypted_httponly_strict_cookie_and_logout_ends_it(client: TestClient) -> None:
-    login(client)
+def test_login_sets_an_opaque_httponly_strict_cookie_and_starts_a_new_session(client: TestClient) -> None:
+    form = client.get("/login")
+    anonymous = client.cookies.get(COOKIE_NAME)
+    done = client.post("/login", data={"token": "alice-token", "csrf": csrf_of(form.text), "next": "/approvals"})
+    set_cookie = done.headers["set-cookie"].lower()
+    assert "httponly" in set_cookie and "samesite=strict" in set_cookie and "path=/" in set_cookie
+    assert "secure" not in set_cookie.replace("samesite", "")  # not behind HTTPS in this test
+    assert "max-age=28800" in set_cookie or "max-age=2879" in set_cookie  # the absolute 8 h
     cookie = client.cookies.get(COOKIE_NAME)
-    assert cookie and not _token_leaks(cookie, "alice-token")
+    assert cookie and cookie != anonymous and re.fullmatch(r"[A-Za-z0-9_-]{43}", cookie)
+    assert not _token_leaks(cookie, "alice-token")
     page = client.get("/approvals")
     assert page.status_code == 200
     assert "signed in as alice (approver)" in page.text and "Signed in as alice." in page.text
-    # the login response's cookie attributes
-    client.cookies.clear()
-    form = client.get("/login")
-    done = client.post("/login", data={"token": "alice-token", "csrf": csrf_of(form.text)})
-    set_cookie = done.headers["set-cookie"].lower()
-    assert "httponly" in set_cookie and "samesite=strict" in set_cookie and "path=/" in set_cookie
-    # the login started a new session: the CSRF token of the login form is no longer valid
-    assert csrf_of(client.get("/approvals").text) != csrf_of(form.text)
+    # a new session: the CSRF token of the login form is no longer valid, nor the id it had
+    assert csrf_of(page.text) != csrf_of(form.text)
+    sessions: SessionStore = client.app.state.sessions  # type: ignore[attr-defined]
+    assert sessions.get(anonymous) is None
+    assert sessions.counts() == (1, 0)
 
-    out = client.post("/logout", data={"csrf": csrf_of(client.get("/approvals").text)})
+
+def test_the_cookie_is_secure_when_configured(services: StandIns) -> None:
+    settings = _settings(console_cookie_secure=True)
+    api = FleetApi(settings.endpoints(), transport=httpx.MockTransport(services.handle))
+    with TestClient(create_console_app(settings, api), follow_redirects=False) as secure:
+        assert "; secure" in secure.get("/login").headers["set-cookie"].lower()
+
+
+def _with_cookie(client: TestClient, cookie: str) -> TestClient:
+    """``client`` presenting exactly ``cookie`` (whatever the last response set)."""
+    client.cookies.clear()
+    client.cookies.set(COOKIE_NAME, cookie)
+    return client
+
+
+def test_logout_ends_the_session_on_the_server_so_a_copied_cookie_opens_nothing(
+    client: TestClient, services: StandIns
+) -> None:
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    copied, copied_csrf = client.cookies.get(COOKIE_NAME), csrf_of(page.text)
+    assert copied is not None
+    assert _with_cookie(client, copied).get("/approvals").status_code == 200  # the copy works before logout
+
+    out = client.post("/logout", data={"csrf": copied_csrf})
     assert out.status_code == 303 and out.headers["location"] == "/login"
-    assert "Signed out." in client.get("/login").text
+    signed_out = out.cookies.get(COOKIE_NAME)
+    assert signed_out and signed_out != copied
+    assert "Signed out." in _with_cookie(client, signed_out).get("/login").text
     assert client.get("/approvals").status_code == 303
+    after_logout = len(services.calls)
+
+    # whoever kept a copy of the cookie (and the page's CSRF token) replays it
+    for path in ("/approvals", f"/approvals/{PROPOSAL}", f"/incidents/{INCIDENT}", "/dlq", f"/dlq/{ENTRY}"):
+        answer = _with_cookie(client, copied).get(path)
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login"), path
+    for path, data in (
+        (f"/approvals/{PROPOSAL}/approve", {"csrf": copied_csrf, "digest": DIGEST}),
+        (f"/approvals/{PROPOSAL}/reject", {"csrf": copied_csrf, "digest": DIGEST, "reason": "x"}),
+        (f"/dlq/{ENTRY}/requeue", {"csrf": copied_csrf, "value": ""}),
+        ("/logout", {"csrf": copied_csrf}),
+    ):
+        answer = _with_cookie(client, copied).post(path, data=data)
+        assert answer.status_code == 403 and "CSRF" in answer.text, path  # refused before anything is sent
+    assert services.decisions == [] and services.requeues == []
+    assert [c for c in services.calls[after_logout:] if c[2] == "alice-token"] == []
+    assert [c for c in services.calls[after_logout:] if c[1].startswith(POLICY)] == []
+
+
+def test_a_session_past_its_expiry_is_signed_out(client: TestClient) -> None:
+    login(client)
+    sessions: SessionStore = client.app.state.sessions  # type: ignore[attr-defined]
+    session = sessions.get(client.cookies.get(COOKIE_NAME))
+    assert session is not None
+    session.expires = time.time() - 1
+    answer = client.get("/approvals")
+    assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
 
 
 def test_login_with_an_unknown_token_is_refused(client: TestClient) -> None:
@@ -526,6 +632,7 @@ def test_login_with_an_unknown_token_is_refused(client: TestClient) -> None:
     assert answer.status_code == 401
     assert "The policy service does not accept this token." in answer.text
     assert client.get("/approvals").status_code == 303
+    assert client.app.state.sessions.counts()[0] == 0  # type: ignore[attr-defined]
 
 
 def test_login_redirects_only_within_the_console(client: TestClient) -> None:
@@ -558,25 +665,24 @@ def test_a_tampered_cookie_is_an_anonymous_session(client: TestClient) -> None:
     login(client)
     cookie = client.cookies.get(COOKIE_NAME)
     assert cookie is not None
-    client.cookies.clear()
-    client.cookies.set(COOKIE_NAME, cookie[:-3] + ("xyz" if not cookie.endswith("xyz") else "abc"))
-    assert client.get("/approvals").status_code == 303
+    tampered = cookie[:-3] + ("xyz" if not cookie.endswith("xyz") else "abc")
+    assert _with_cookie(client, tampered).get("/approvals").status_code == 303
+    assert _with_cookie(client, cookie).get("/approvals").status_code == 200  # the real one still works
 
 
-def test_foreign_expired_and_old_cookies_are_anonymous_sessions(client: TestClient) -> None:
-    expired = Session.fresh(60, token="alice-token")
-    expired.expires = time.time() - 1
+def test_unknown_and_old_cookies_are_anonymous_sessions(client: TestClient, services: StandIns) -> None:
+    other_console = SessionStore(capacity=1, anonymous_capacity=1).open(Session.fresh(60, token="alice-token"))
     for cookie in (
-        SessionCodec(b"t" * 40).dumps(Session.fresh(60, token="alice-token")),  # another secret
-        SessionCodec(SECRET.encode()).dumps(expired),
-        "eyJ0b2siOiJhbGljZS10b2tlbiJ9.c2lnbmF0dXJl",  # the former signed-only format
+        other_console,  # a session of another replica, or of this console before a restart
+        "A" * 43,  # made up
+        "gAAAAABmZ2VybmV0LXNlc3Npb24tY29va2llLWZyb20tYmVmb3Jl",  # the former encrypted-cookie format
+        "eyJ0b2siOiJhbGljZS10b2tlbiJ9.c2lnbmF0dXJl",  # the signed-only format before that
     ):
-        client.cookies.clear()
-        client.cookies.set(COOKIE_NAME, cookie)
-        answer = client.get("/approvals")
+        answer = _with_cookie(client, cookie).get("/approvals")
         assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
         assert f"{COOKIE_NAME}=" in answer.headers["set-cookie"]  # a fresh, anonymous session
         assert cookie not in answer.headers["set-cookie"]
+    assert not [c for c in services.calls if c[2] == "alice-token"]
 
 
 # --------------------------------------------------------------------- approvals
@@ -682,11 +788,16 @@ def test_a_digest_that_does_not_match_the_steps_is_flagged(client: TestClient, s
 
 def test_a_revoked_token_signs_the_person_out(client: TestClient, services: StandIns) -> None:
     login(client)
+    copied = client.cookies.get(COOKIE_NAME)
+    assert copied is not None
     services.revoked.add("alice-token")
     answer = client.get("/approvals")
     assert answer.status_code == 303 and answer.headers["location"] == "/login"
     assert "no longer accepts your token" in client.get("/login").text
     assert client.get("/approvals").status_code == 303
+    # that session is gone for good: even with the token accepted again, its old cookie opens nothing
+    services.revoked.clear()
+    assert _with_cookie(client, copied).get("/approvals").status_code == 303
 
 
 # ----------------------------------------------------------------- unreachable
@@ -758,6 +869,26 @@ def test_the_timeline_shows_every_record_and_the_outcome(client: TestClient) -> 
     assert 'class="tone-bad" data-type="CommandFailed"' in page.text
     assert "2026-01-01T10:00:01.520Z" in text  # a timestamp field decoded
     assert "suspectedDependency" in text and "payments-api" in text
+
+
+def test_a_long_timeline_is_shown_a_page_at_a_time(client: TestClient, services: StandIns) -> None:
+    services.timeline_page = 5
+    login(client)
+    first = client.get(f"/incidents/{INCIDENT}")
+    assert first.status_code == 200
+    assert [f'id="seq-{n}"' in first.text for n in range(1, 9)] == [True] * 5 + [False] * 3
+    assert 'id="next-page" href="/incidents/incident-7?after=5"' in first.text and "first-page" not in first.text
+    assert 'id="auto-refresh" data-seconds="3" >' in first.text  # no refreshing a page new records never reach
+    second = client.get(f"/incidents/{INCIDENT}?after=5")
+    assert [f'id="seq-{n}"' in second.text for n in range(1, 9)] == [False] * 5 + [True] * 3
+    assert 'id="first-page"' in second.text and "next-page" not in second.text
+    assert "this page: 3 records after #5" in text_of(second.text)
+    audit_calls = [c[1] for c in services.calls if c[1].startswith(AUDIT)]
+    assert audit_calls[-2:] == [
+        f"{AUDIT}/incidents/{INCIDENT}/timeline",
+        f"{AUDIT}/incidents/{INCIDENT}/timeline?after=5",
+    ]
+    assert client.get(f"/incidents/{INCIDENT}?after=-1").status_code == 422
 
 
 def test_evidence_comes_from_diagnoses_not_from_every_proposal_or_dead_letter() -> None:

@@ -26,7 +26,7 @@ from flotilla.serde import AvroSerde
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from flotilla.validation import RecordValidator
 from services.dlq_reconciler.api import requeue_payload
-from services.dlq_reconciler.auth import OperatorTokens
+from services.dlq_reconciler.auth import Operator, OperatorTokens
 from services.dlq_reconciler.quarantine import (
     DEAD_LETTER_QUARANTINED,
     REQUEUED_BY,
@@ -302,13 +302,13 @@ def test_configured_tokens_must_be_digests_not_tokens() -> None:
 def test_settings_read_operator_tokens_and_topics_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, load_settings
+    from services.dlq_reconciler.settings import load_settings
 
     for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
         monkeypatch.delenv(name)
 
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
-    assert load_settings().operator_tokens == [DEMO_OPERATOR_DIGEST]  # the demo default
+    assert load_settings().operator_tokens is None  # not configured
     assert load_settings().dlq_topics == ("incidents.dlq", "commands.dlq")
     alice = digest("alices-token")
     monkeypatch.setenv("FLOTILLA_OPERATOR_TOKENS", f'["{digest("x")}", {{"name": "alice", "sha256": "{alice}"}}]')
@@ -316,6 +316,9 @@ def test_settings_read_operator_tokens_and_topics_from_the_environment(
     settings = load_settings()
     assert settings.operator_tokens == [digest("x"), {"name": "alice", "sha256": alice}]
     assert settings.dlq_topics == ("a.dlq",)
+    operators, demo = settings.operators()
+    assert not demo and operators.authenticate("Bearer alices-token") == Operator("alice", alice)
+    assert operators.authenticate("Bearer operator-token") is None
     assert (settings.service_name, settings.service_database, settings.http_port) == (
         "dlq-reconciler",
         "flotilla_dlq",
@@ -385,3 +388,104 @@ def test_a_letter_planted_on_incidents_dlq_claiming_commands_goes_back_to_incide
     assert planted.origin_topic == "incidents"
     assert planted.tags()["claimedOrigin"] == "commands"
     assert "claimedOrigin" not in letter.tags()
+
+
+# ------------------------------------------------------------------ the profile
+
+
+def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, profile: str | None, tokens: str | None) -> Any:
+    from services.dlq_reconciler.settings import load_settings
+
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    if profile is not None:
+        monkeypatch.setenv("FLOTILLA_PROFILE", profile)
+    if tokens is not None:
+        monkeypatch.setenv("FLOTILLA_OPERATOR_TOKENS", tokens)
+    return load_settings()
+
+
+@pytest.mark.parametrize("tokens", [None, "", "  "])  # compose and Kubernetes pass "" for "not set"
+def test_production_refuses_to_start_without_operator_tokens(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, tokens: str | None
+) -> None:
+    from flotilla.settings import MissingCredentials
+    from services.dlq_reconciler.api import make_routes
+
+    settings = _profile(monkeypatch, tmp_path, None, tokens)
+    assert settings.profile == "production"
+    with pytest.raises(MissingCredentials, match="FLOTILLA_OPERATOR_TOKENS is not set") as refused:
+        make_routes(settings)  # what build_spec, and so the service's start, does
+    assert "operator-token" not in str(refused.value)
+
+
+@pytest.mark.parametrize("profile", ["production", "demo"])
+def test_an_operator_list_that_names_nobody_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, profile: str
+) -> None:
+    from services.dlq_reconciler.api import make_routes
+
+    with pytest.raises(ValueError, match="names no operator"):
+        make_routes(_profile(monkeypatch, tmp_path, profile, "[]"))
+
+
+@pytest.mark.parametrize("tokens", ["[not json", '"a string"', '["operator-token"]'])
+def test_malformed_operator_tokens_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, tokens: str) -> None:
+    with pytest.raises(ValueError):
+        _profile(monkeypatch, tmp_path, "demo", tokens).operators()
+
+
+def test_the_demo_profile_admits_the_demo_operator_token_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from services.dlq_reconciler.api import make_routes
+    from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN
+
+    settings = _profile(monkeypatch, tmp_path, "demo", None)
+    operators, demo = settings.operators()
+    assert demo
+    assert operators.authenticate(f"Bearer {DEMO_OPERATOR_TOKEN}") == Operator(
+        f"operator-{DEMO_OPERATOR_DIGEST[:12]}", DEMO_OPERATOR_DIGEST
+    )
+    with caplog.at_level("WARNING"):
+        make_routes(settings)
+    assert "demo operator token" in caplog.text
+    # configured tokens replace it, in the demo profile too
+    operators, demo = _profile(monkeypatch, tmp_path, "demo", f'["{digest("x")}"]').operators()
+    assert not demo and operators.authenticate(f"Bearer {DEMO_OPERATOR_TOKEN}") is None
+
+
+# ------------------------------------------------------------ bounded metrics
+
+
+def test_the_quarantine_metric_stays_bounded_whatever_the_headers_say() -> None:
+    """dlq_origin_topic and dlq_error_class are written by whoever produces to a *.dlq topic:
+    each distinct pair was a new series, kept forever (review M7)."""
+    from prometheus_client import REGISTRY
+
+    from services.dlq_reconciler.store import QUARANTINED, SPARE_ERROR_CLASSES, Reconciler
+
+    reconciler = Reconciler(SimpleNamespace(), "incidents", ("incidents", "commands"))  # type: ignore[arg-type]
+    before = {
+        tuple(sorted(s.labels.items())) for m in REGISTRY.collect() if m.name == QUARANTINED._name for s in m.samples
+    }
+    for n in range(2000):
+        headers = context_headers(
+            **{deadletter.ORIGIN_TOPIC: f"attacker-topic-{n}", deadletter.ERROR_CLASS: f"Error{n}" + "x" * (n % 300)}
+        )
+        reconciler.count_quarantined(DeadLetter("incidents.dlq", 0, n, None, b"", headers))
+    reconciler.count_quarantined(DeadLetter("commands.dlq", 0, 1, None, b"", context_headers()))
+    after = {
+        tuple(sorted(s.labels.items())) for m in REGISTRY.collect() if m.name == QUARANTINED._name for s in m.samples
+    }
+    added = {dict(labels)["origin_topic"] for labels in after - before}
+    classes = {dict(labels)["error_class"] for labels in after - before}
+    assert added <= {"incidents", "commands"}  # the origin is the DLQ topic's name: a header cannot choose it
+    assert len(classes) <= SPARE_ERROR_CLASSES + 2  # the spare ones, "other", BusinessRuleViolation
+    assert len(after - before) <= 2 * (SPARE_ERROR_CLASSES + 2)
+    # the runtime's own error classes and the topics read are counted as they are, even after a flood
+    value = REGISTRY.get_sample_value(
+        "flotilla_quarantined_total", {"error_class": "BusinessRuleViolation", "origin_topic": "commands"}
+    )
+    assert value is not None and value >= 1

@@ -7,11 +7,16 @@ import hashlib
 import hmac
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
+from fastapi import FastAPI
 
+from flotilla.runner import ServiceContext
+from flotilla.settings import MissingCredentials
 from flotilla.workflow import Status
 from services.policy import auth
+from services.policy.api import install_routes
 from services.policy.auth import DEMO_USERS, Person, TokenStore, UsersConfigError, bearer_token
 from services.policy.decide import PolicyEngine, Target
 from services.policy.rules import (
@@ -24,6 +29,8 @@ from services.policy.rules import (
     same_principal,
     seconds_left,
 )
+from services.policy.runtime import PolicyRuntime
+from services.policy.service import build_spec
 from services.policy.settings import PolicySettings
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -257,19 +264,93 @@ def test_the_same_token_twice_is_refused() -> None:
 # ------------------------------------------------------------------ settings
 
 
-def test_settings_defaults_are_the_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _no_users(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "none.env"))
-    for name in ("FLOTILLA_POLICY_USERS", "FLOTILLA_POLICY_USERS_FILE", "FLOTILLA_POLICY_DRY_RUN"):
+    for name in ("FLOTILLA_POLICY_USERS", "FLOTILLA_POLICY_USERS_FILE", "FLOTILLA_POLICY_DRY_RUN", "FLOTILLA_PROFILE"):
         monkeypatch.delenv(name, raising=False)
+
+
+def test_settings_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _no_users(monkeypatch, tmp_path)
     settings = PolicySettings.load()
-    store, demo = settings.token_store()
-    assert demo
-    assert store.authenticate("alice-token") == ALICE
+    assert settings.profile == "production"
     assert settings.policy_dry_run is False
     assert settings.approval_ttl_seconds == 900
     assert settings.approval_sweep_seconds == 1
     assert settings.http_port == 18104
     assert settings.service_database == "flotilla_policy"
+
+
+@pytest.mark.parametrize("users", [None, "", "   "])
+def test_production_refuses_to_start_without_users(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, users: str | None
+) -> None:
+    _no_users(monkeypatch, tmp_path)
+    if users is not None:
+        monkeypatch.setenv("FLOTILLA_POLICY_USERS", users)
+    settings = PolicySettings.load()
+    with pytest.raises(MissingCredentials, match="FLOTILLA_POLICY_USERS is not set") as refused:
+        PolicyRuntime.from_settings(settings)  # what python -m services.policy does first
+    assert "alice" not in str(refused.value) and "bob" not in str(refused.value)  # never names the demo users
+    with pytest.raises(MissingCredentials):
+        build_spec(settings=settings)
+
+
+@pytest.mark.parametrize("profile", ["production", "demo"])
+@pytest.mark.parametrize(
+    ("where", "text", "problem"),
+    [
+        ("env", "{}", "FLOTILLA_POLICY_USERS names no users"),
+        ("file", "{}", "FLOTILLA_POLICY_USERS_FILE .* names no users"),
+        ("file", "", "not valid JSON"),
+        ("file", "\n", "not valid JSON"),
+    ],
+)
+def test_users_that_name_nobody_are_refused_in_every_profile(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, profile: str, where: str, text: str, problem: str
+) -> None:
+    _no_users(monkeypatch, tmp_path)
+    monkeypatch.setenv("FLOTILLA_PROFILE", profile)
+    if where == "env":
+        monkeypatch.setenv("FLOTILLA_POLICY_USERS", text)
+    else:
+        users = tmp_path / "users.json"
+        users.write_text(text)
+        monkeypatch.setenv("FLOTILLA_POLICY_USERS_FILE", str(users))
+    with pytest.raises(UsersConfigError, match=problem):
+        PolicyRuntime.from_settings(PolicySettings.load())
+
+
+@pytest.mark.usefixtures("signing_keys")
+def test_the_demo_profile_falls_back_to_the_demo_users_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _no_users(monkeypatch, tmp_path)
+    monkeypatch.setenv("FLOTILLA_PROFILE", "demo")
+    runtime = PolicyRuntime.from_settings(PolicySettings.load())
+    assert runtime.demo_users
+    assert runtime.tokens.authenticate("alice-token") == ALICE
+    assert runtime.tokens.authenticate("bob-token") == BOB
+    with caplog.at_level("WARNING"):
+        install_routes(FastAPI(), cast(ServiceContext, None), runtime)
+    assert "demo users" in caplog.text and "FLOTILLA_POLICY_USERS" in caplog.text
+
+
+def test_configured_users_replace_the_demo_users_in_the_demo_profile_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_users(monkeypatch, tmp_path)
+    monkeypatch.setenv("FLOTILLA_PROFILE", "demo")
+    monkeypatch.setenv("FLOTILLA_POLICY_USERS", '{"tok": {"user": "erin", "roles": ["approver"]}}')
+    store, demo = PolicySettings.load().token_store()
+    assert not demo and store.authenticate("alice-token") is None
+
+
+def test_an_unknown_profile_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _no_users(monkeypatch, tmp_path)
+    monkeypatch.setenv("FLOTILLA_PROFILE", "staging")
+    with pytest.raises(ValueError, match="profile"):
+        PolicySettings.load()
 
 
 def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
