@@ -47,7 +47,9 @@ ARG FLOTILLA_UID=10001
 RUN groupadd --system --gid ${FLOTILLA_UID} flotilla \
     && useradd --system --uid ${FLOTILLA_UID} --gid ${FLOTILLA_UID} --home-dir /app --no-create-home \
         --shell /usr/sbin/nologin flotilla \
-    && install -d -o ${FLOTILLA_UID} -g ${FLOTILLA_UID} -m 0700 /var/lib/flotilla /var/lib/flotilla/audit
+    && install -d -o ${FLOTILLA_UID} -g ${FLOTILLA_UID} -m 0700 /var/lib/flotilla /var/lib/flotilla/audit \
+        /var/lib/flotilla/keys /var/lib/flotilla/keys/authorization /var/lib/flotilla/keys/proposal \
+        /var/lib/flotilla/keys/public
 
 COPY --from=builder /opt/flotilla /opt/flotilla
 

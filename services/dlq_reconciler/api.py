@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from flotilla import commands, metrics
 from flotilla.authority import Unauthorized, verify_command
 from flotilla.keys import Keyring
-from flotilla.rawrecords import b64, jsonable
+from flotilla.rawrecords import b64, from_jsonable, jsonable
 from flotilla.runner import ServiceContext
 from flotilla.serde import (
     AvroSerde,
@@ -380,6 +380,8 @@ def requeue_payload(
         value = dict(sanitized)
     try:
         writer = serde.writer(letter.origin_topic, record_type)
+        if sanitized is not None:  # as the API shows values: bytes (signatures) as base64 text
+            value = from_jsonable(writer.parsed, value)
         field_names = {f["name"] for f in writer.parsed["fields"]}
         value = with_identity(value, field_names, envelope.id)
         payload = serde.serialize(letter.origin_topic, record_type, value)

@@ -16,7 +16,9 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from flotilla.authority import Signer
 from flotilla.envelope import Envelope
+from flotilla.keys import load_private_key
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
@@ -145,6 +147,25 @@ class Fleet:
         assert done.returncode == 0, done.stdout + done.stderr
         return Path(done.stdout.strip()).read_text().strip()
 
+    @cached_property
+    def secrets_dir(self) -> Path:
+        """Where the local fleet keeps its secrets (fleetctl made them on ``up``)."""
+        done = subprocess.run(
+            [sys.executable, str(FLEETCTL), "secrets-dir"], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return Path(done.stdout.strip())
+
+    @cached_property
+    def policy_signer(self) -> Signer:
+        """The policy service's own key: for tests that issue a command as it would."""
+        return Signer(load_private_key(self.secrets_dir / "authorization-signing-key.pem"))
+
+    @cached_property
+    def agent_signer(self) -> Signer:
+        """The remediation agent's own key: for tests that act as another agent instance."""
+        return Signer(load_private_key(self.secrets_dir / "proposal-signing-key.pem"))
+
     def reset_sim(self) -> None:
         self.sim("POST", "/reset", {})
 
@@ -237,28 +258,37 @@ def produce(fleet: Fleet, topic: str, key: str, record_type: str, value: dict[st
     assert producer.flush(10) == 0
 
 
-def counter_proposal(original: Seen, replicas: int) -> tuple[dict[str, Any], Envelope]:
-    """Another agent's proposal for the same incident and resource: scale to ``replicas``."""
+def counter_proposal(
+    original: Seen, replicas: int, signer: Signer | None, *, digest: str | None = None
+) -> tuple[dict[str, Any], Envelope]:
+    """Another agent instance's proposal for the same incident and resource: scale to
+    ``replicas``, attested by ``signer`` (None: by nobody, as a forger would send it).
+    ``digest`` replaces the right one after signing (a broken proposal)."""
     import uuid
+    from datetime import UTC, datetime
 
+    from flotilla.authority import attest_proposal
+    from flotilla.commands import idempotency_key
     from flotilla.digest import command_digest
 
     proposal_id = str(uuid.uuid4())
-    incident = str(original.value["incidentId"])
     steps = []
     for step in original.value["steps"]:
-        steps.append(
-            {
-                **step,
-                "commandId": str(uuid.uuid4()),
-                "proposalId": proposal_id,
-                "idempotencyKey": f"{incident}:scale:{replicas}",
-                "replicas": replicas,
-            }
-        )
+        changed = {**step, "commandId": str(uuid.uuid4()), "proposalId": proposal_id, "replicas": replicas}
+        changed["idempotencyKey"] = idempotency_key("ScaleService", changed)
+        steps.append(changed)
     envelope = original.envelope.caused(PROPOSED, "/tests/another-agent")
-    value = {**original.value, "eventId": envelope.id, "proposalId": proposal_id, "steps": steps}
+    value = {
+        **{k: v for k, v in original.value.items() if k != "attestation"},
+        "eventId": envelope.id,
+        "proposalId": proposal_id,
+        "steps": steps,
+    }
     value["digest"] = command_digest(steps)
+    if signer is not None:
+        value = attest_proposal(signer, value, now=datetime.now(UTC))
+    if digest is not None:
+        value["digest"] = digest
     return value, envelope
 
 

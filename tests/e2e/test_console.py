@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from flotilla.authority import attest_proposal
 from services.fleet import CONSOLE, url
 
 from .fleet import (
@@ -105,8 +107,9 @@ def test_a_viewer_is_refused_and_an_approver_approves_and_sees_the_outcome(
 
     # a poisoned competing proposal: policy dead-letters it (its digest is not its steps')
     first = watch.kind("RecoveryProposed", incident)
-    poison, envelope = counter_proposal(first, replicas=10)
-    poison["digest"] = "sha256:" + "f" * 64
+    # the agent itself attested a wrong digest: believed as the agent's, and a broken record
+    poison, envelope = counter_proposal(first, replicas=10, signer=None, digest="sha256:" + "f" * 64)
+    poison = attest_proposal(fleet.agent_signer, poison, now=datetime.now(UTC))
     produce(fleet, "incidents", incident, PROPOSED, poison, envelope)
 
     # the viewer sees the proposal and is refused

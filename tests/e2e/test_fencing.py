@@ -11,6 +11,7 @@ has ended the transaction it was frozen in (otherwise its locks would block the 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flotilla.keys import public_key_text
 from services.fleet import EXECUTOR
 
 from .conftest import E2E_SETTINGS, REPO_ROOT
@@ -61,6 +63,7 @@ def standby(fleet: Fleet) -> Iterator[ExecutorProcess]:
         "FLOTILLA_HTTP_PORT": str(STANDBY_PORT),
         "FLOTILLA_EXECUTOR_ID": STANDBY_ID,
         "FLOTILLA_SIM_ACTION_TOKEN": fleet.sim_action_token,  # as the fleet's executor holds it
+        "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS": json.dumps([public_key_text(fleet.policy_signer.public_key)]),
         "PYTHONUNBUFFERED": "1",
     }
     STANDBY_LOG.parent.mkdir(parents=True, exist_ok=True)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from datetime import datetime
 from typing import Any
 
 import pytest
 
 from flotilla.envelope import Envelope
+from flotilla.rawrecords import jsonable
 
 from .fleet import (
     APPROVER,
@@ -44,14 +43,15 @@ def test_happy_path_with_a_human_approval(fleet: Fleet, watch: Watch) -> None:
     assert approved.value["auto"] is False
     assert approved.value["approvedBy"] == "alice"
     executed = watch.kind("RecoveryExecuted", incident)
-    assert executed.value["idempotencyKey"] == f"{incident}:scale:12"
+    key = f"{incident}:{proposal}:scale:checkout-api:12"  # bound to the proposal: nobody could guess it
+    assert executed.value["idempotencyKey"] == key
     watch.kind("RecoveryCompleted", incident, timeout=60)
 
     # one incident for one ongoing breach, one action for one approval
     opened = [s for s in watch.seen if s.kind == "ServiceLatencyIncreased" and s.value["service"] == DEMO_SERVICE]
     assert len(opened) == 1
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
-    assert fleet.sim_action("GET", f"/actions/{incident}:scale:12")["status"] == "applied"
+    assert fleet.sim_action("GET", f"/actions/{key}")["status"] == "applied"
     # causation links the chain back to the opening fact
     assert executed.envelope.causationid is not None
     verdict = fleet.audit_verify()
@@ -64,7 +64,7 @@ def test_auto_authorized_path_in_dev(fleet: Fleet, watch: Watch) -> None:
     approved = watch.kind("RecoveryApproved", incident, timeout=90)
     assert approved.value["auto"] is True
     executed = watch.kind("RecoveryExecuted", incident)
-    assert executed.value["idempotencyKey"] == f"{incident}:scale:6"
+    assert executed.value["idempotencyKey"] == f"{incident}:{approved.value['proposalId']}:scale:checkout-dev:6"
     watch.kind("RecoveryCompleted", incident, timeout=60)
     assert not watch.of(incident, "HumanApprovalRequired")
     fleet.reset_sim()
@@ -131,7 +131,7 @@ def test_every_service_restarted_while_waiting_for_approval_resumes(fleet: Fleet
 def test_two_conflicting_proposals_for_one_resource_execute_once(fleet: Fleet, watch: Watch) -> None:
     incident, first_request = awaiting_approval(fleet, watch)
     first = watch.kind("RecoveryProposed", incident)
-    value, envelope = counter_proposal(first, replicas=10)
+    value, envelope = counter_proposal(first, replicas=10, signer=fleet.agent_signer)
     produce(fleet, "incidents", incident, PROPOSED, value, envelope)
     second_request = watch.wait(
         lambda s: s.kind == "HumanApprovalRequired" and str(s.value["proposalId"]) == value["proposalId"],
@@ -143,7 +143,7 @@ def test_two_conflicting_proposals_for_one_resource_execute_once(fleet: Fleet, w
     assert stale.value.status == 409
     fleet.approve(str(second_request.value["proposalId"]), str(second_request.value["digest"]))
     executed = watch.kind("RecoveryExecuted", incident)
-    assert executed.value["idempotencyKey"] == f"{incident}:scale:10"
+    assert executed.value["idempotencyKey"] == f"{incident}:{value['proposalId']}:scale:checkout-api:10"
     watch.settle(3)
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
 
@@ -151,7 +151,7 @@ def test_two_conflicting_proposals_for_one_resource_execute_once(fleet: Fleet, w
 def test_a_proposal_beyond_the_limits_is_denied(fleet: Fleet, watch: Watch) -> None:
     incident, _ = awaiting_approval(fleet, watch)
     first = watch.kind("RecoveryProposed", incident)
-    value, envelope = counter_proposal(first, replicas=40)
+    value, envelope = counter_proposal(first, replicas=40, signer=fleet.agent_signer)
     produce(fleet, "incidents", incident, PROPOSED, value, envelope)
     denied = watch.kind("CommandDenied", incident)
     assert any("20" in reason for reason in denied.value["reasons"]), denied.value
@@ -212,24 +212,18 @@ def test_the_executor_killed_mid_action_acts_exactly_once(fleet: Fleet, watch: W
 
 
 def as_json(value: Any) -> Any:
-    """A decoded Avro value as an operator would type it: UUIDs as text, times as epoch ms."""
-    if isinstance(value, dict):
-        return {k: as_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [as_json(v) for v in value]
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return value
+    """A value as an operator would type it (as the DLQ API shows it): UUIDs as text, times
+    as epoch ms, bytes (the agent's signature) as base64."""
+    return jsonable(value)
 
 
 def test_poison_is_quarantined_then_requeued_sanitized_and_processed_once(fleet: Fleet, watch: Watch) -> None:
     incident, _ = awaiting_approval(fleet, watch)
     first = watch.kind("RecoveryProposed", incident)
-    value, envelope = counter_proposal(first, replicas=10)
-    good_digest = value["digest"]
-    value["digest"] = "sha256:" + "f" * 64  # breaks a business rule: not the digest of its steps
+    # attested by the agent over its good digest, then damaged: the attestation no longer holds
+    signed, envelope = counter_proposal(first, replicas=10, signer=fleet.agent_signer)
+    good_digest = signed["digest"]
+    value = {**signed, "digest": "sha256:" + "f" * 64}
     produce(fleet, "incidents", incident, PROPOSED, value, envelope)
 
     fact = watch.wait(
@@ -237,7 +231,7 @@ def test_poison_is_quarantined_then_requeued_sanitized_and_processed_once(fleet:
         what="DeadLetterQuarantined for the poisoned proposal",
     )
     entry = fleet.dlq("GET", f"/quarantine/{fact.value['quarantineId']}")
-    assert entry["reason"] == "invalid-record" and entry["errorClass"] == "BusinessRuleViolation", entry
+    assert entry["reason"] == "unauthorized" and entry["errorClass"] == "RecordRefused", entry
 
     # an invalid sanitized value is refused, naming the field; nothing is sent
     with pytest.raises(HttpError) as refused:

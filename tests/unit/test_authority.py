@@ -202,3 +202,15 @@ def test_idempotency_keys_name_the_proposal_so_nobody_can_guess_one() -> None:
     a, b = _command(), _command()
     assert a["incidentId"] == b["incidentId"] and a["idempotencyKey"] != b["idempotencyKey"]
     assert a["idempotencyKey"] == f"incident-7:{a['proposalId']}:scale:checkout-api:12"
+
+
+def test_verifiers_fail_closed_without_keys() -> None:
+    from services.executor.settings import ExecutorSettings
+    from services.policy.settings import PolicySettings
+
+    with pytest.raises(ValueError, match="FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"):
+        ExecutorSettings(authorization_public_keys=[]).authorization_keyring()
+    with pytest.raises(ValueError, match="FLOTILLA_PROPOSAL_PUBLIC_KEYS"):
+        PolicySettings(proposal_public_keys=[]).proposer_keyring()
+    with pytest.raises(ValueError, match="FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE"):
+        PolicySettings(authorization_signing_key_file=None).authorization_signer()

@@ -48,6 +48,7 @@ DASHBOARD = GRAFANA / "dashboards" / "flotilla.json"
 IMAGE = "flotilla/flotilla:0.1.0"
 MEMBERS: dict[str, Member] = {m.name: m for m in fleet.FLEET}
 INIT = "fleet-init"
+KEYS_INIT = "keys-init"
 DEMO_JOB = "incident"
 OBSERVERS = ("prometheus", "grafana")
 STACK_KEYS = {f"FLOTILLA_{name.upper()}" for name in StackSettings.model_fields}
@@ -115,7 +116,10 @@ def internal_port(service: dict[str, Any]) -> int:
 
 def test_compose_runs_the_stack_the_fleet_the_demo_and_observability(services: dict[str, dict[str, Any]]) -> None:
     expected = (
-        set(containers.INFRA_SERVICES) | set(containers.INIT_SERVICES) | {INIT, DEMO_JOB, *OBSERVERS} | set(MEMBERS)
+        set(containers.INFRA_SERVICES)
+        | set(containers.INIT_SERVICES)
+        | {INIT, KEYS_INIT, DEMO_JOB, *OBSERVERS}
+        | set(MEMBERS)
     )
     assert set(services) == expected
 
@@ -131,7 +135,7 @@ def test_every_member_runs_its_module_from_the_one_image(services: dict[str, dic
 
 
 def test_the_jobs_use_the_image_too_and_run_once(services: dict[str, dict[str, Any]]) -> None:
-    for name in (INIT, DEMO_JOB):
+    for name in (INIT, KEYS_INIT, DEMO_JOB):
         assert services[name]["image"] == IMAGE and services[name]["pull_policy"] == "build"
         assert services[name]["restart"] == "no"
         assert "ports" not in services[name] and "healthcheck" not in services[name]
@@ -360,6 +364,46 @@ def test_the_audit_key_lives_on_a_volume(services: dict[str, dict[str, Any]]) ->
     assert volume in compose["volumes"] and key.parent == Path(target)
     # The image creates that folder for its user, so a fresh named volume is writable.
     assert str(key.parent) in DOCKERFILE.read_text()
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """volume -> (mount point, read-only) of one compose service."""
+    found = {}
+    for mount in service.get("volumes", []):
+        volume, target, *mode = mount.split(":")
+        found[volume] = (target, mode == ["ro"])
+    return found
+
+
+def test_each_signing_key_is_mounted_into_its_signer_alone(services: dict[str, dict[str, Any]]) -> None:
+    """The policy service's key signs commands, the remediation agent's signs proposals;
+    verifiers mount only the public keys (read-only), and every signer waits for keys-init."""
+    holders: dict[str, set[str]] = {}
+    for name, service in services.items():
+        for volume, (_, read_only) in _mounts(service).items():
+            holders.setdefault(volume, set()).add(name)
+            if name != KEYS_INIT and volume.endswith("-key") and volume != "audit-key":
+                assert read_only, (name, volume)
+    assert holders["authorization-key"] == {KEYS_INIT, "policy-service"}
+    assert holders["proposal-key"] == {KEYS_INIT, "remediation-agent"}
+    assert holders["public-keys"] == {KEYS_INIT, "policy-service", "executor", "dlq-reconciler"}
+    for name, setting in (
+        ("policy-service", "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE"),
+        ("remediation-agent", "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"),
+    ):
+        key = Path(env_of(services[name])[setting])
+        assert str(key.parent) in {target for target, _ in _mounts(services[name]).values()}, name
+        assert str(key.parent) in DOCKERFILE.read_text()  # the image makes it for its user
+    for name, setting in (
+        ("executor", "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"),
+        ("dlq-reconciler", "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"),
+        ("policy-service", "FLOTILLA_PROPOSAL_PUBLIC_KEYS"),
+    ):
+        [path] = json.loads(env_of(services[name])[setting])
+        assert Path(path).parent == Path(_mounts(services[name])["public-keys"][0]), name
+        assert path in " ".join(services[KEYS_INIT]["command"])  # keys-init writes exactly that file
+    for name in ("policy-service", "remediation-agent", "executor", "dlq-reconciler"):
+        assert services[name]["depends_on"][KEYS_INIT] == {"condition": "service_completed_successfully"}
 
 
 def test_every_interpolated_variable_has_a_default_and_is_documented() -> None:

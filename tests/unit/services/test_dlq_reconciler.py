@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastavro import parse_schema
 
 from flotilla import deadletter
-from flotilla.authority import Grant, Signer, authorize_command
+from flotilla.authority import Grant, Signer, Unauthorized, attest_proposal, authorize_command, verify_proposal
 from flotilla.contracts import load_contracts, subject_for
 from flotilla.envelope import Envelope
 from flotilla.keys import Keyring
@@ -40,7 +40,7 @@ from services.dlq_reconciler.quarantine import (
     requeue_headers,
     with_identity,
 )
-from services.policy.testing import step
+from services.policy.testing import proposal, step
 
 
 class FakeRegistry:
@@ -489,3 +489,22 @@ def test_the_quarantine_metric_stays_bounded_whatever_the_headers_say() -> None:
         "flotilla_quarantined_total", {"error_class": "BusinessRuleViolation", "origin_topic": "commands"}
     )
     assert value is not None and value >= 1
+
+
+def test_a_sanitized_proposal_keeps_its_attestation_through_the_json_form(serde: AvroSerde) -> None:
+    """The API shows bytes (the agent's signature) as base64; sent back, they are bytes again
+    and the attestation still verifies: sanitizing restores what was signed, never mints it."""
+    agent = Signer(Ed25519PrivateKey.generate())
+    value = attest_proposal(agent, proposal("incident-9"), now=datetime.now(UTC))
+    env = Envelope(type=RECOVERY_PROPOSED_TYPE, source="/flotilla/remediation-agent", correlationid="incident-9")
+    payload = serde.serialize("incidents", RECOVERY_PROPOSED_TYPE, {"eventId": env.id, **value})
+    letter = DeadLetter("incidents.dlq", 0, 5, b"incident-9", payload, [*env.headers(), *context_headers()])
+    shown = jsonable(serde.deserialize(letter.value).value)
+    assert isinstance(shown["attestation"]["signature"], str)
+    requeued, _ = requeue_payload(serde, letter, shown)
+    assert verify_proposal(Keyring([agent.public_key]), requeued) == agent.key_id
+    with pytest.raises(Unauthorized):
+        verify_proposal(Keyring([agent.public_key]), requeue_payload(serde, letter, {**shown, "proposedBy": "x"})[0])
+
+
+RECOVERY_PROPOSED_TYPE = "dev.flotilla.decisions.RecoveryProposed"
