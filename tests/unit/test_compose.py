@@ -29,6 +29,8 @@ from flotilla.connectors import connector_name, outbox_connector_config
 from flotilla.outbox import OUTBOX_MIGRATION
 from flotilla.testing import containers
 
+from .scripts import load_script
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 CONNECTOR_FILE = REPO_ROOT / "infra" / "connectors" / "outbox-flotilla.json"
@@ -42,25 +44,13 @@ INIT_JOBS = ("kafka-init", "registry-init", "connect-init")
 FINAL_CONDITIONS = {"service_healthy", "service_completed_successfully"}
 
 
-def _load_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the body runs
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-    return module
-
-
 @pytest.fixture(scope="module")
 def stackctl() -> Iterator[ModuleType]:
     """stackctl as it stands by default: port overrides from the environment are ignored."""
     with pytest.MonkeyPatch.context() as mp:
         for var in ("PG", "KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "REGISTRY_MANAGEMENT", "CONNECT"):
             mp.delenv(f"FLOTILLA_{var}_PORT", raising=False)
-        yield _load_module("_stackctl_under_test", REPO_ROOT / "infra" / "local" / "stackctl.py")
+        yield load_script("_stackctl_under_test", REPO_ROOT / "infra" / "local" / "stackctl.py")
 
 
 @pytest.fixture(scope="module")
