@@ -25,6 +25,7 @@ from flotilla.settings import StackSettings
 from flotilla.testing.samples import latency_fact
 
 from ..cloudevents_conformance import assert_conformant, null_valued_headers
+from ..poms import TRANSFORMS_POM, pom_text
 from .kafka_wait import header, read_until_all, tail_consumer
 
 DB = "flotilla_it_cloudevents"
@@ -51,7 +52,7 @@ def test_connect_has_our_transform_and_the_connector_chains_it(stack: StackSetti
         plugins = {p["class"]: p for p in json.loads(resp.read())}
     ours = plugins.get(connectors.DROP_NULL_HEADERS)
     assert ours is not None, "DropNullHeaders is not on Connect's plugin.path"
-    assert ours["type"] == "transformation" and ours["version"] == "0.1.0"
+    assert ours["type"] == "transformation" and ours["version"] == pom_text(TRANSFORMS_POM, "m:version")
     name = connectors.connector_name(outbox_db)
     with urllib.request.urlopen(f"{stack.connect_url}/connectors/{name}/config", timeout=10) as resp:
         live = json.loads(resp.read())
