@@ -33,6 +33,14 @@ def test_the_jar_carries_our_classes_only() -> None:
     assert deps == {"connect-api": "provided", "junit-jupiter": "test"}
 
 
+def test_the_pom_is_self_contained_for_strimzi_s_maven_build() -> None:
+    # Strimzi fetches this POM to resolve the jar; a parent or an imported BOM would have to
+    # come from a repository too, and Strimzi may look for those on Maven Central only
+    # (strimzi-kafka-operator issue 7259).
+    assert not pom_elements(TRANSFORMS_POM, "m:parent")
+    assert not pom_elements(TRANSFORMS_POM, "m:dependencyManagement")
+
+
 def test_every_build_plugin_is_pinned_for_offline_builds() -> None:
     # What `mvn verify` runs for a jar; an unpinned one would be resolved anew, online.
     plugins = {
