@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration browser lint format bench-outbox clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration test-transforms browser lint format bench-outbox clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,7 +77,7 @@ browser: ## Debian's chromium for the web console's browser test (installed when
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
 	@$(CHROMIUM) --version
 
-test: lint browser ## Lint, then every test (unit, integration, e2e) on the real stack
+test: lint browser test-transforms ## Lint, then every test (JUnit, unit, integration, e2e) on the real stack
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## Only the fast unit tests (no stack)
@@ -85,6 +85,9 @@ test-unit: $(STAMP) ## Only the fast unit tests (no stack)
 
 test-integration: $(STAMP) ## Only the tests on the real stack
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+test-transforms: ## JUnit tests of our Kafka Connect transforms, and their jar (Maven; add MVN_ARGS=-o offline)
+	mvn -B -q $(MVN_ARGS) -f infra/connect-transforms/pom.xml verify
 
 bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 rows (p50/p99)
 	$(PY) benchmarks/outbox_latency.py --rows 1000

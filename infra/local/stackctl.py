@@ -4,7 +4,9 @@ The local stack is the same four components `docker-compose.yml` runs from image
 PostgreSQL (logical WAL), a KRaft Kafka broker, Kafka Connect with the Debezium
 PostgreSQL connector, and Apicurio Registry (Confluent-compatible API, PostgreSQL
 storage) — run as plain processes under supervisord. The JVM parts come from Maven
-Central (``infra/local/pom.xml``), PostgreSQL from Debian's packages.
+Central (``infra/local/pom.xml``), PostgreSQL from Debian's packages; our own Kafka
+Connect transforms (``infra/connect-transforms``) are built with Maven into a plugin
+folder beside Debezium's, again whenever their sources change.
 
 Usage::
 
@@ -51,6 +53,12 @@ DATA = STACK_HOME / "data"
 LOGS = STACK_HOME / "logs"
 RUN = STACK_HOME / "run"
 ENV_FILE = STACK_HOME / "stack.env"
+# Connect's plugin.path: one folder per plugin (Debezium's unpacked archive, our transforms' jar).
+CONNECT_PLUGINS = DIST / "connect-plugins"
+# Our own Kafka Connect transforms (a Maven module), built into their own plugin folder.
+TRANSFORMS_SRC = REPO_ROOT / "infra" / "connect-transforms"
+TRANSFORMS_PLUGIN = CONNECT_PLUGINS / "flotilla-connect-transforms"
+TRANSFORMS_BUILD = STACK_HOME / "build" / "connect-transforms"
 
 PG_USER = "flotilla"
 PG_PASSWORD = "flotilla"  # loopback-only development cluster; never a production secret
@@ -450,9 +458,14 @@ def _connect_health() -> bool:
 
 def _connect_version() -> str:
     info = _http_json(f"http://{HOST}:{PORTS['connect']}/")
-    plugins = _http_json(f"http://{HOST}:{PORTS['connect']}/connector-plugins")
+    # connectorsOnly=false lists the transforms too.
+    plugins = _http_json(f"http://{HOST}:{PORTS['connect']}/connector-plugins?connectorsOnly=false")
     deb = [p["version"] for p in plugins if "Postgres" in p["class"]]
-    return f"{info['version']} (debezium-postgres {deb[0] if deb else 'missing'})"
+    ours = [p["version"] for p in plugins if p["class"] == "dev.flotilla.connect.DropNullHeaders"]
+    return (
+        f"{info['version']} (debezium-postgres {deb[0] if deb else 'missing'}, "
+        f"flotilla-transforms {ours[0] if ours else 'missing'})"
+    )
 
 
 def _registry_health() -> bool:
@@ -482,24 +495,65 @@ EXTRA_PORTS = {"kafka": ("kafka-controller",), "registry": ("registry-management
 # ------------------------------------------------------------------ preparation
 
 
+def _mvn(args: list[str], *, what: str, log: Path) -> None:
+    """Run Maven (batch mode, quiet); its whole output goes to ``log`` when it fails."""
+    if not shutil.which("mvn"):
+        raise StackError(
+            "Maven (`mvn`) is required to fetch Kafka, Debezium and Apicurio from Maven Central "
+            "and to build infra/connect-transforms, but is not on PATH. Install it, e.g. `apt-get install maven`."
+        )
+    _run(["mvn", "-B", "-q", *args], what=what, log=log)
+
+
 def _fetch_dist() -> None:
     marker = DIST / ".complete"
     pom = LOCAL_DIR / "pom.xml"
     if marker.exists() and marker.read_text() == pom.read_text():
         return
-    if not shutil.which("mvn"):
-        raise StackError(
-            "Maven (`mvn`) is required to fetch Kafka, Debezium and Apicurio from Maven Central "
-            "but is not on PATH. Install it, e.g. `apt-get install maven`."
-        )
     _say("fetching Kafka, Kafka Connect, Debezium and Apicurio from Maven Central (first run only)")
     shutil.rmtree(DIST, ignore_errors=True)
-    _run(
-        ["mvn", "-B", "-q", "-f", str(pom), "package", f"-Dstack.dist={DIST}"],
+    _mvn(
+        ["-f", str(pom), "package", f"-Dstack.dist={DIST}"],
         what="Maven fetch of the stack's JVM components",
         log=LOGS / "maven.log",
     )
     marker.write_text(pom.read_text())
+
+
+def transforms_digest(src: Path = TRANSFORMS_SRC) -> str:
+    """A digest of everything the transforms' jar is built from: the POM and src/main."""
+    files = [src / "pom.xml", *sorted(p for p in (src / "src" / "main").rglob("*") if p.is_file())]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(src).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _build_transforms() -> bool:
+    """Build infra/connect-transforms into its plugin folder when its sources changed.
+
+    True when the jar was (re)built: a running Connect worker must then restart, as it
+    scans plugin.path only at start. The JUnit tests run in `make test-transforms`, not here.
+    """
+    marker = TRANSFORMS_PLUGIN / ".source-digest"
+    digest = transforms_digest()
+    if marker.exists() and marker.read_text() == digest:
+        return False
+    _say("building Flotilla's Kafka Connect transforms (infra/connect-transforms)")
+    shutil.rmtree(TRANSFORMS_BUILD, ignore_errors=True)  # no jar of an earlier version left to pick up
+    _mvn(
+        ["-f", str(TRANSFORMS_SRC / "pom.xml"), "package", "-DskipTests", f"-Dtransforms.build.dir={TRANSFORMS_BUILD}"],
+        what="Maven build of infra/connect-transforms",
+        log=LOGS / "maven-transforms.log",
+    )
+    jars = sorted(TRANSFORMS_BUILD.glob("flotilla-connect-transforms-*.jar"))
+    if len(jars) != 1:
+        raise StackError(f"the infra/connect-transforms build left {len(jars)} jars in {TRANSFORMS_BUILD}, not one")
+    shutil.rmtree(TRANSFORMS_PLUGIN, ignore_errors=True)
+    TRANSFORMS_PLUGIN.mkdir(parents=True)
+    shutil.copy2(jars[0], TRANSFORMS_PLUGIN / jars[0].name)
+    marker.write_text(digest)
+    return True
 
 
 def _init_postgres(bindir: Path, os_user: str | None, pgdata: Path) -> None:
@@ -596,7 +650,7 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         f"listeners=http://{HOST}:{PORTS['connect']}\n"
         f"rest.advertised.host.name={HOST}\n"
         f"rest.advertised.port={PORTS['connect']}\n"
-        f"plugin.path={DIST / 'connect-plugins'}\n"
+        f"plugin.path={CONNECT_PLUGINS}\n"
         "plugin.discovery=hybrid_warn\n"
         # Connector definitions name their database password as ${env:...}, so the same
         # JSON works here and in docker compose without a secret in the file.
@@ -708,12 +762,17 @@ def _wait_healthy(comp: Component, timeout: float) -> None:
     )
 
 
-def _start(comp: Component, timeout: float) -> None:
+def _start(comp: Component, timeout: float, *, restart: bool = False) -> None:
+    """Start a component unless it runs healthy; ``restart`` restarts a running one (new plugins)."""
     state = SUPERVISOR.states().get(comp.name)
-    if state == "RUNNING" and comp.health():
+    if state == "RUNNING" and comp.health() and not restart:
         return
-    _say(f"starting {comp.name} on {comp.endpoint}")
     t0 = time.monotonic()
+    if state == "RUNNING" and restart:
+        _say(f"restarting {comp.name} on {comp.endpoint}")
+        SUPERVISOR.ctl("restart", comp.name, check=False)
+    else:
+        _say(f"starting {comp.name} on {comp.endpoint}")
     if state != "RUNNING":
         SUPERVISOR.ctl("start", comp.name, check=False)
     _wait_healthy(comp, timeout)
@@ -784,6 +843,7 @@ def up() -> None:
     _preflight_ports()
     LOGS.mkdir(parents=True, exist_ok=True)
     _fetch_dist()
+    transforms_rebuilt = _build_transforms()
     pg_bindir = _pg_bindir()
     pg_user = _pg_os_user()
     pgdata = _pg_data_dir(pg_user)
@@ -802,7 +862,7 @@ def up() -> None:
     _ensure_topics()
     _start(BY_NAME["registry"], UP_TIMEOUT_S)
     _ensure_compatibility()
-    _start(BY_NAME["connect"], UP_TIMEOUT_S)
+    _start(BY_NAME["connect"], UP_TIMEOUT_S, restart=transforms_rebuilt)
     took = time.monotonic() - t0
     _say(f"stack up in {took:.1f}s (java {major}, registry on java {registry_major}); settings in {ENV_FILE}")
 

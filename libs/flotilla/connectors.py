@@ -3,7 +3,8 @@
 The definition is the whole outbox contract on the Connect side: pgoutput logical
 decoding of just the outbox table (a filtered publication), the Outbox Event Router
 routing by ``aggregatetype`` and keying by ``aggregateid``, the payload passed through
-as raw bytes, and the CloudEvents columns placed as headers. The database password is
+as raw bytes, and the CloudEvents columns placed as headers — a NULL column as no header
+at all (our DropNullHeaders transform, after the router). The database password is
 an ``${env:...}`` reference resolved by the Connect worker, so definitions carry no
 secret and the same JSON serves the local stack and docker compose.
 """
@@ -20,6 +21,43 @@ from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
 
 # Debezium's default poll interval (500 ms) would dominate every hop's latency.
 POLL_INTERVAL_MS = 10
+
+# Our own transform (infra/connect-transforms), a plugin beside Debezium's on every Connect worker.
+DROP_NULL_HEADERS = "dev.flotilla.connect.DropNullHeaders"
+
+# A transform's name in the chain and its settings without the ``transforms.<name>.`` prefix.
+Transform = tuple[str, dict[str, str]]
+
+
+def transforms_config(chain: list[Transform]) -> dict[str, str]:
+    """Connect's ``transforms`` list and each transform's keys, in chain order (records pass
+    through the transforms in that order)."""
+    names = [name for name, _ in chain]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ValueError(f"transform name(s) used twice in one chain: {', '.join(duplicated)}")
+    config = {"transforms": ",".join(names)}
+    for name, settings in chain:
+        if "type" not in settings:
+            raise ValueError(f"transform {name!r} has no type (its class)")
+        config.update({f"transforms.{name}.{key}": value for key, value in settings.items()})
+    return config
+
+
+def outbox_router(placement: str) -> dict[str, str]:
+    """Debezium's Outbox Event Router: topic from ``aggregatetype``, key from ``aggregateid``,
+    the payload as it is, and the columns of ``placement`` as headers."""
+    return {
+        "type": "io.debezium.transforms.outbox.EventRouter",
+        "route.by.field": "aggregatetype",
+        "route.topic.replacement": "${routedByValue}",
+        "table.field.event.id": "id",
+        "table.field.event.key": "aggregateid",
+        "table.field.event.payload": "payload",
+        "table.expand.json.payload": "false",
+        "table.fields.additional.placement": placement,
+        "route.tombstone.on.empty.payload": "false",
+    }
 
 
 def connector_name(database: str) -> str:
@@ -62,16 +100,14 @@ def outbox_connector_config(
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
         "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
         "header.converter": "org.apache.kafka.connect.storage.SimpleHeaderConverter",
-        "transforms": "outbox",
-        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-        "transforms.outbox.route.by.field": "aggregatetype",
-        "transforms.outbox.route.topic.replacement": "${routedByValue}",
-        "transforms.outbox.table.field.event.id": "id",
-        "transforms.outbox.table.field.event.key": "aggregateid",
-        "transforms.outbox.table.field.event.payload": "payload",
-        "transforms.outbox.table.expand.json.payload": "false",
-        "transforms.outbox.table.fields.additional.placement": placement,
-        "transforms.outbox.route.tombstone.on.empty.payload": "false",
+        **transforms_config(
+            [
+                ("outbox", outbox_router(placement)),
+                # After the router: it adds a null-valued header for each NULL column (a root
+                # record's ce_causationid); an absent CloudEvents attribute is an absent header.
+                ("dropnulls", {"type": DROP_NULL_HEADERS}),
+            ]
+        ),
     }
 
 

@@ -29,11 +29,16 @@ from flotilla.connectors import connector_name, outbox_connector_config
 from flotilla.outbox import OUTBOX_MIGRATION
 from flotilla.testing import containers
 
+from ..poms import LOCAL_STACK_POM, TRANSFORMS_POM, pom_property, pom_text
+from .dockerfiles import stages
+from .scripts import load_script
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 CONNECTOR_FILE = REPO_ROOT / "infra" / "connectors" / "outbox-flotilla.json"
 INIT_SQL = REPO_ROOT / "infra" / "compose" / "postgres-init" / "01-outbox.sql"
 RENDER = REPO_ROOT / "infra" / "connectors" / "render.py"
+TRANSFORMS_DIR = REPO_ROOT / "infra" / "connect-transforms"
 
 # compose service -> key of stackctl.PORTS
 PORT_KEYS = {"postgres": "postgres", "kafka": "kafka", "schema-registry": "registry", "connect": "connect"}
@@ -42,25 +47,13 @@ INIT_JOBS = ("kafka-init", "registry-init", "connect-init")
 FINAL_CONDITIONS = {"service_healthy", "service_completed_successfully"}
 
 
-def _load_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the body runs
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-    return module
-
-
 @pytest.fixture(scope="module")
 def stackctl() -> Iterator[ModuleType]:
     """stackctl as it stands by default: port overrides from the environment are ignored."""
     with pytest.MonkeyPatch.context() as mp:
         for var in ("PG", "KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "REGISTRY_MANAGEMENT", "CONNECT"):
             mp.delenv(f"FLOTILLA_{var}_PORT", raising=False)
-        yield _load_module("_stackctl_under_test", REPO_ROOT / "infra" / "local" / "stackctl.py")
+        yield load_script("_stackctl_under_test", REPO_ROOT / "infra" / "local" / "stackctl.py")
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +267,66 @@ def test_connect_resolves_every_env_reference_of_the_connector(services: dict[st
     assert pg["environment"]["POSTGRES_DB"] == outbox_connector_config("flotilla")["database.dbname"]
 
 
+def test_connect_is_debezium_plus_our_transforms_built_never_pulled(services: dict[str, dict[str, Any]]) -> None:
+    connect = services["connect"]
+    assert connect["build"] == "./infra/connect-transforms"
+    assert (REPO_ROOT / connect["build"]).resolve() == TRANSFORMS_DIR
+    assert connect["pull_policy"] == "build"  # someone else may own the name on a registry
+    # The tag names both halves: Debezium's version and our transforms' version.
+    debezium, transforms = pom_property(LOCAL_STACK_POM, "debezium.version"), pom_text(TRANSFORMS_POM, "m:version")
+    assert connect["image"] == f"flotilla/connect:{debezium}-{transforms}"
+
+
+def test_the_connect_image_adds_our_jar_to_debezium_s_plugin_path() -> None:
+    (build_base, build_name, build_steps), (runtime_base, _, runtime_steps) = stages(TRANSFORMS_DIR / "Dockerfile")
+    # The same Debezium the local stack runs (infra/local/pom.xml), and a pinned Maven on Java 17.
+    assert runtime_base == f"quay.io/debezium/connect:{pom_property(LOCAL_STACK_POM, 'debezium.version')}"
+    maven, _, tag = build_base.rpartition(":")
+    assert maven == "maven" and re.fullmatch(r"\d+\.\d+\.\d+-eclipse-temurin-17", tag), build_base
+    runs = [a for i, a in build_steps if i == "RUN"]
+    assert runs[-1] == "mvn -B -q verify"  # the JUnit tests gate the image
+    copies = [a.split() for i, a in runtime_steps if i == "COPY"]
+    assert copies == [
+        [
+            f"--from={build_name}",
+            "/src/target/flotilla-connect-transforms-*.jar",
+            "/kafka/connect/flotilla-connect-transforms/",
+        ]
+    ]
+    assert not [i for i, _ in runtime_steps if i in ("RUN", "USER", "ENV", "ENTRYPOINT", "CMD")], (
+        "Debezium's image as it is"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("./infra/connect-transforms", containers.BuildSpec(str(TRANSFORMS_DIR))),
+        (
+            {"context": "./infra/connect-transforms", "dockerfile": "Other.Dockerfile"},
+            containers.BuildSpec(str(TRANSFORMS_DIR), "Other.Dockerfile"),
+        ),
+    ],
+)
+def test_a_build_is_read_in_its_short_and_long_form(raw: object, expected: containers.BuildSpec) -> None:
+    spec = containers.service_spec("connect", {"image": "flotilla/connect:1", "build": raw}, REPO_ROOT)
+    assert spec.build == expected
+
+
+@pytest.mark.parametrize(
+    ("service", "message"),
+    [
+        ({"build": "./infra/connect-transforms"}, "has no image"),
+        ({"image": "x:1", "build": {"context": ".", "args": {"A": "1"}}}, r"\['args'\] are not supported"),
+        ({"image": "x:1", "build": {"dockerfile": "Dockerfile"}}, "a mapping with a context"),
+        ({"image": "x:1", "build": ["."]}, "a mapping with a context"),
+    ],
+)
+def test_a_build_the_starter_cannot_honour_is_refused(service: dict[str, Any], message: str) -> None:
+    with pytest.raises(containers.ComposeSpecError, match=message):
+        containers.service_spec("connect", service, REPO_ROOT)
+
+
 # -------------------------------------------------------------------- postgres
 
 
@@ -304,6 +357,7 @@ def test_testcontainers_specs_use_the_compose_images(services: dict[str, dict[st
         assert spec.command == (services[spec.name].get("command") or None)
         assert spec.environment == {k: str(v) for k, v in (services[spec.name].get("environment") or {}).items()}
         assert spec.is_init_job == (spec.name in INIT_JOBS)
+        assert (spec.build is not None) == ("build" in services[spec.name])
     source = Path(containers.__file__).read_text()
     for svc in services.values():
         assert svc["image"] not in source, f"{svc['image']} duplicated in containers.py"
@@ -416,6 +470,23 @@ class _FakeNetwork:
         _FakeNetwork.removed = True
 
 
+class _FakeImage:
+    """Records what the starter asks of testcontainers' DockerImage; ``failing`` makes the build raise."""
+
+    failing = False
+    built: list[tuple[str, str | None, str, bool]] = []  # noqa: RUF012 - per-test state, reset by the fixture
+
+    def __init__(self, path: str, tag: str | None = None, dockerfile_path: str = "Dockerfile", clean_up: bool = True):
+        self.args = (path, tag, dockerfile_path, clean_up)
+
+    def build(self) -> _FakeImage:
+        if self.failing:
+            raise RuntimeError("COPY failed: no source files were specified")
+        self.built.append(self.args)
+        _FakeContainer.log.append(f"build {self.args[1]}")
+        return self
+
+
 class _FakeHealthWait:
     def with_startup_timeout(self, timeout: int) -> _FakeHealthWait:
         return self
@@ -434,6 +505,7 @@ def fake_testcontainers(monkeypatch: pytest.MonkeyPatch) -> list[_FakeContainer]
         "testcontainers.core": {},
         "testcontainers.core.container": {"DockerContainer": factory},
         "testcontainers.core.network": {"Network": _FakeNetwork},
+        "testcontainers.core.image": {"DockerImage": _FakeImage},
         "testcontainers.core.wait_strategies": {"HealthcheckWaitStrategy": _FakeHealthWait},
     }
     for name, members in attrs.items():
@@ -445,6 +517,8 @@ def fake_testcontainers(monkeypatch: pytest.MonkeyPatch) -> list[_FakeContainer]
     _FakeContainer.exit_codes = {}
     _FakeContainer.log = []
     _FakeNetwork.removed = False
+    _FakeImage.failing = False
+    _FakeImage.built = []
     return made
 
 
@@ -472,6 +546,17 @@ def test_starter_builds_containers_from_the_compose_file(
     stopped = [e.split()[1] for e in _FakeContainer.log if e.startswith("stop ")]
     assert len(started) == len(INFRA) + len(INIT_JOBS) and stopped == list(reversed(started))
     assert _FakeNetwork.removed
+    # Connect's image (Debezium + our transforms) is built under its compose name before anything starts.
+    connect = services["connect"]
+    assert _FakeImage.built == [(str(TRANSFORMS_DIR), connect["image"], "Dockerfile", False)]
+    assert _FakeContainer.log[0] == f"build {connect['image']}"
+
+
+def test_starter_fails_before_any_start_when_a_build_fails(fake_testcontainers: list[_FakeContainer]) -> None:
+    _FakeImage.failing = True
+    with pytest.raises(containers.StackStartError, match=r"connect: building flotilla/connect:.* failed: COPY failed"):
+        containers.ComposeStack(COMPOSE_FILE).start()
+    assert fake_testcontainers == [] and _FakeContainer.log == []
 
 
 def test_starter_fails_loudly_and_cleans_up_when_an_init_job_fails(

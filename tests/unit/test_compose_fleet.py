@@ -34,6 +34,8 @@ from flotilla.testing import containers
 from services import fleet
 from services.fleet import Member
 
+from .dockerfiles import Stage, stages
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -593,25 +595,8 @@ def test_observers_are_pinned_official_images_on_loopback(services: dict[str, di
 # ------------------------------------------------------------------ the image
 
 
-def _stages() -> list[tuple[str, str | None, list[tuple[str, str]]]]:
-    """(base, stage name, [(instruction, arguments)]) per FROM, continuation lines joined."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    args = dict(
-        (m.group(1), m.group(2)) for m in re.finditer(r"^ARG (\w+)=(\S+)", text, re.MULTILINE)
-    )  # global ARG defaults
-    stages: list[tuple[str, str | None, list[tuple[str, str]]]] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        instruction, _, rest = line.partition(" ")
-        if instruction.upper() == "FROM":
-            words = rest.split()
-            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
-            stages.append((base, words[2] if len(words) > 2 and words[1].upper() == "AS" else None, []))
-        elif stages:
-            stages[-1][2].append((instruction.upper(), rest.strip()))
-    return stages
+def _stages() -> list[Stage]:
+    return stages(DOCKERFILE)
 
 
 def test_the_image_is_multi_stage_and_slim() -> None:

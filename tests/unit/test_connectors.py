@@ -6,7 +6,13 @@ import re
 
 import pytest
 
-from flotilla.connectors import POLL_INTERVAL_MS, connector_name, outbox_connector_config
+from flotilla.connectors import (
+    DROP_NULL_HEADERS,
+    POLL_INTERVAL_MS,
+    connector_name,
+    outbox_connector_config,
+    transforms_config,
+)
 from flotilla.envelope import Envelope
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_MIGRATION, OUTBOX_TABLE
 
@@ -47,7 +53,7 @@ def test_poll_interval_is_lowered(config: dict[str, str]) -> None:
 
 
 def test_event_router_routes_by_aggregatetype_and_keys_by_aggregateid(config: dict[str, str]) -> None:
-    assert config["transforms"] == "outbox"
+    assert config["transforms"].split(",")[0] == "outbox"
     assert config["transforms.outbox.type"] == "io.debezium.transforms.outbox.EventRouter"
     assert config["transforms.outbox.route.by.field"] == "aggregatetype"
     assert config["transforms.outbox.route.topic.replacement"] == "${routedByValue}"
@@ -126,3 +132,53 @@ def test_no_tombstones_and_no_extended_headers(config: dict[str, str]) -> None:
     assert config["tombstones.on.delete"] == "false"
     assert config["transforms.outbox.route.tombstone.on.empty.payload"] == "false"
     assert config["extended.headers.enabled"] == "false"
+
+
+# ------------------------------------------------------------ the transforms chain
+
+
+def test_null_headers_are_dropped_after_the_router(config: dict[str, str]) -> None:
+    # The router adds a header with a null value for a NULL column (a root record's
+    # ce_causationid); CloudEvents SDKs refuse such a header, so the drop must run after it.
+    chain = config["transforms"].split(",")
+    assert chain == ["outbox", "dropnulls"]
+    assert config["transforms.dropnulls.type"] == DROP_NULL_HEADERS == "dev.flotilla.connect.DropNullHeaders"
+    # Every null header, not a list of names: any optional column added later is covered too.
+    assert "transforms.dropnulls.headers" not in config
+
+
+def test_every_transform_key_belongs_to_a_transform_in_the_chain(config: dict[str, str]) -> None:
+    chain = set(config["transforms"].split(","))
+    owners = {key.split(".")[1] for key in config if key.startswith("transforms.")}
+    assert owners == chain
+    assert all(f"transforms.{name}.type" in config for name in chain)
+
+
+def test_the_causation_column_is_the_only_nullable_placed_column() -> None:
+    # What DropNullHeaders exists for: which placed columns can be NULL.
+    body = OUTBOX_MIGRATION.split("(", 1)[1]
+    nullable = {
+        m.group(1)
+        for m in re.finditer(r"^\s+([a-z_]+)\s+[a-z]+(.*)$", body, flags=re.MULTILINE)
+        if "NOT NULL" not in m.group(2) and "PRIMARY KEY" not in m.group(2)
+    }
+    assert nullable & set(HEADER_COLUMNS) == {"ce_causationid"}
+
+
+def test_transforms_config_keeps_the_chain_order_and_prefixes_the_keys() -> None:
+    assert transforms_config([("b", {"type": "B", "x": "1"}), ("a", {"type": "A"})]) == {
+        "transforms": "b,a",
+        "transforms.b.type": "B",
+        "transforms.b.x": "1",
+        "transforms.a.type": "A",
+    }
+
+
+def test_transforms_config_refuses_a_name_used_twice() -> None:
+    with pytest.raises(ValueError, match="used twice in one chain: outbox"):
+        transforms_config([("outbox", {"type": "A"}), ("dropnulls", {"type": "B"}), ("outbox", {"type": "C"})])
+
+
+def test_transforms_config_refuses_a_transform_without_a_class() -> None:
+    with pytest.raises(ValueError, match="'dropnulls' has no type"):
+        transforms_config([("dropnulls", {"headers": "ce_causationid"})])

@@ -34,10 +34,12 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from flotilla.connectors import connector_name, outbox_connector_config
+from flotilla.connectors import DROP_NULL_HEADERS, connector_name, outbox_connector_config
 from flotilla.settings import StackSettings
 from services.executor.namespaces import EnvironmentNamespaces
 from services.fleet import BY_NAME, FLEET, SIM
+
+from ..poms import TRANSFORMS_POM, pom_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 K8S = REPO_ROOT / "infra" / "k8s"
@@ -539,6 +541,50 @@ def test_the_connect_worker_resolves_the_connector_placeholders(objects: tuple[d
     assert kc["spec"]["bootstrapServers"] == stack["FLOTILLA_KAFKA_BOOTSTRAP"]
     artifact = kc["spec"]["build"]["plugins"][0]["artifacts"][0]
     assert "debezium-connector-postgres" in artifact["url"] and artifact["sha512sum"]
+
+
+def _transforms_artifact(kafka_connect: dict[str, Any]) -> dict[str, Any]:
+    (plugin,) = [p for p in kafka_connect["spec"]["build"]["plugins"] if p["name"] == "flotilla-connect-transforms"]
+    (artifact,) = plugin["artifacts"]
+    return dict(artifact)
+
+
+def test_the_connect_image_has_our_transforms_from_where_the_overlay_says(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    # The KafkaConnectors chain dev.flotilla.connect.DropNullHeaders: Strimzi must build it in.
+    assert any(
+        v == DROP_NULL_HEADERS
+        for c in of_kind(objects, "KafkaConnector")
+        for k, v in c["spec"]["config"].items()
+        if k.startswith("transforms.")
+    )
+    (kc,) = of_kind(objects, "KafkaConnect")
+    artifact = _transforms_artifact(kc)
+    group, name, version = (pom_text(TRANSFORMS_POM, f"m:{tag}") for tag in ("groupId", "artifactId", "version"))
+    if overlay == "production":
+        # From a Maven repository; not Maven Central (Strimzi's default, where it is not).
+        assert (artifact["type"], artifact["group"], artifact["artifact"], artifact["version"]) == (
+            "maven",
+            group,
+            name,
+            version,
+        )
+        repository = artifact.get("repository", "")
+        assert repository.startswith("https://"), f"{overlay}: Strimzi's Maven build needs an HTTPS repository"
+        assert not any(central in repository for central in ("repo1.maven.org", "repo.maven.apache.org"))
+    else:
+        # dev: the jar from a folder `mvn deploy` wrote, in the Maven layout, over HTTP.
+        assert artifact["type"] == "jar"
+        layout = f"/{group.replace('.', '/')}/{name}/{version}/{name}-{version}.jar"
+        assert artifact["url"].startswith("http://") and artifact["url"].endswith(layout), artifact["url"]
+
+
+def test_the_base_assumes_no_repository_for_our_transforms() -> None:
+    if shutil.which("kubectl") is None:
+        _unavailable("kubectl is not installed (Debian: kubectl or google-cloud-cli-kubectl)")
+    (kc,) = of_kind(_render("base"), "KafkaConnect")
+    assert "repository" not in _transforms_artifact(kc), "an overlay that forgets it must fail, not use a default"
 
 
 def _stack_configmap(objects: tuple[dict[str, Any], ...]) -> str:

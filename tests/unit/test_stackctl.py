@@ -3,7 +3,9 @@
 Every run gets FLOTILLA_STACK_HOME in a temporary directory and every FLOTILLA_*_PORT set
 to a port free at the start of the test, so nothing here touches a real stack. ``up`` is
 only driven into its early refusals (Java, a squatted port, Maven), which happen before
-anything is downloaded or started.
+anything is downloaded or started. The build of our Connect transforms is run for real
+(Maven, into the throwaway home), and Connect's restart after a rebuild against a
+stand-in supervisor.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
+
+from .scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKCTL = REPO_ROOT / "infra" / "local" / "stackctl.py"
@@ -267,3 +274,122 @@ def test_an_unknown_action_is_a_usage_error(base_env: dict[str, str]) -> None:
     proc = _stackctl(base_env, "launch")
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr
+
+
+# ------------------------------------------------------ our Connect transforms
+
+
+@pytest.fixture
+def stackctl_at(stack_home: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """stackctl loaded with its home in a temporary directory (nothing of a real stack is touched)."""
+    monkeypatch.setenv("FLOTILLA_STACK_HOME", str(stack_home))
+    return load_script("_stackctl_transforms_under_test", STACKCTL)
+
+
+def _copy_transforms_src(tmp_path: Path) -> Path:
+    src = tmp_path / "connect-transforms"
+    shutil.copytree(REPO_ROOT / "infra" / "connect-transforms", src, ignore=shutil.ignore_patterns("target"))
+    return src
+
+
+def test_transforms_digest_follows_the_pom_and_main_sources_only(stackctl_at: ModuleType, tmp_path: Path) -> None:
+    src = _copy_transforms_src(tmp_path)
+    first = stackctl_at.transforms_digest(src)
+    assert first == stackctl_at.transforms_digest(src)
+
+    (src / "src" / "test" / "java" / "Scratch.java").write_text("class Scratch {}\n")
+    (src / "target").mkdir()
+    (src / "target" / "stale.jar").write_bytes(b"PK")
+    assert stackctl_at.transforms_digest(src) == first, "tests and build output do not change the jar"
+
+    java = next((src / "src" / "main" / "java").rglob("DropNullHeaders.java"))
+    java.write_text(java.read_text() + "\n// edited\n")
+    edited = stackctl_at.transforms_digest(src)
+    assert edited != first
+
+    (src / "src" / "main" / "resources" / "extra.properties").write_text("a=b\n")
+    added = stackctl_at.transforms_digest(src)
+    assert added not in (first, edited)
+
+    (src / "pom.xml").write_text(
+        (src / "pom.xml").read_text().replace("<version>0.1.0</version>", "<version>0.2.0</version>", 1)
+    )
+    assert stackctl_at.transforms_digest(src) not in (first, edited, added)
+
+
+def test_an_unchanged_jar_is_not_rebuilt(stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = stackctl_at.TRANSFORMS_PLUGIN
+    plugin.mkdir(parents=True)
+    (plugin / ".source-digest").write_text(stackctl_at.transforms_digest())
+    monkeypatch.setenv("PATH", "/nonexistent")  # any Maven run would fail loudly
+    assert stackctl_at._build_transforms() is False
+
+
+def test_a_changed_source_without_maven_is_a_clear_error(
+    stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = stackctl_at.TRANSFORMS_PLUGIN
+    plugin.mkdir(parents=True)
+    (plugin / ".source-digest").write_text("an older digest")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(stackctl_at.StackError, match=r"Maven \(`mvn`\) is required .* infra/connect-transforms"):
+        stackctl_at._build_transforms()
+
+
+def test_the_jar_is_built_into_its_own_plugin_folder_once(stackctl_at: ModuleType) -> None:
+    if not shutil.which("mvn"):
+        pytest.skip("Maven is not installed")
+    assert stackctl_at._build_transforms() is True
+    plugin = stackctl_at.TRANSFORMS_PLUGIN
+    assert plugin.parent == stackctl_at.CONNECT_PLUGINS  # a folder of plugin.path, beside Debezium's
+    jars = sorted(plugin.glob("*.jar"))
+    assert [j.name for j in jars] == ["flotilla-connect-transforms-0.1.0.jar"]
+    with zipfile.ZipFile(jars[0]) as jar:
+        names = set(jar.namelist())
+        assert "dev/flotilla/connect/DropNullHeaders.class" in names
+        manifest = "META-INF/services/org.apache.kafka.connect.transforms.Transformation"
+        assert jar.read(manifest).decode().split() == ["dev.flotilla.connect.DropNullHeaders"]
+        assert not any(n.startswith("org/apache/kafka/") for n in names), "connect-api is provided, never bundled"
+    assert stackctl_at.TRANSFORMS_BUILD.is_relative_to(stackctl_at.STACK_HOME)  # built outside the source tree
+    assert stackctl_at._build_transforms() is False  # the second up does not run Maven again
+
+
+class _RecordingSupervisor:
+    """Stands in for stackctl's Supervisor: one program in a given state, ctl calls recorded."""
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+        self.calls: list[tuple[str, ...]] = []
+
+    def states(self) -> dict[str, str]:
+        return {"connect": self.state}
+
+    def ctl(self, *args: str, check: bool = True) -> str:
+        self.calls.append(args)
+        return ""
+
+    def wait_until_up(self, program: str, check: Any, **kwargs: Any) -> None:
+        self.calls.append(("waited", program))
+
+
+@pytest.mark.parametrize(
+    ("state", "restart", "calls"),
+    [
+        ("RUNNING", False, []),  # healthy and nothing new: left alone
+        ("RUNNING", True, [("restart", "connect"), ("waited", "connect")]),  # a new jar: Connect rescans plugin.path
+        ("STOPPED", True, [("start", "connect"), ("waited", "connect")]),
+        ("STOPPED", False, [("start", "connect"), ("waited", "connect")]),
+    ],
+)
+def test_connect_restarts_when_the_transforms_were_rebuilt(
+    stackctl_at: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    state: str,
+    restart: bool,
+    calls: list[tuple[str, ...]],
+) -> None:
+    supervisor = _RecordingSupervisor(state)
+    monkeypatch.setattr(stackctl_at, "SUPERVISOR", supervisor)
+    connect = stackctl_at.Component("connect", 1, Path("/dev/null"), lambda: True, lambda: "")
+    stackctl_at._start(connect, 5, restart=restart)
+    assert supervisor.calls == calls

@@ -2,11 +2,13 @@
 
 The compose file is the single source of truth: images, environment, commands,
 volumes, published ports, healthchecks and start order all come from it, so this
-module names no image. The long-running services (PostgreSQL, Kafka, the schema
-registry, Kafka Connect) join one throwaway network under their compose names, are
-published on the same loopback ports as in compose (and as the local stack), and are
-waited on through their compose healthchecks; the one-shot init jobs (topics, registry
-compatibility, the outbox connector) then run to completion.
+module names no image. A service with a ``build`` (Kafka Connect: Debezium's image plus
+our transforms) is built from its context first, under its ``image`` name. The
+long-running services (PostgreSQL, Kafka, the schema registry, Kafka Connect) join one
+throwaway network under their compose names, are published on the same loopback ports
+as in compose (and as the local stack), and are waited on through their compose
+healthchecks; the one-shot init jobs (topics, registry compatibility, the outbox
+connector) then run to completion.
 
 testcontainers is the optional extra ``docker`` (``pip install -e '.[docker]'``) and is
 imported only when a stack is started; parsing the compose file needs PyYAML alone::
@@ -83,6 +85,14 @@ class Healthcheck:
 
 
 @dataclass(frozen=True)
+class BuildSpec:
+    """Where a service's image is built from: compose's ``build`` context and Dockerfile."""
+
+    context: str  # absolute path
+    dockerfile: str = "Dockerfile"  # relative to the context
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """One compose service, reduced to what a container start needs."""
 
@@ -95,6 +105,7 @@ class ServiceSpec:
     volumes: tuple[tuple[str, str, str], ...]  # (absolute host path, container path, mode)
     healthcheck: Healthcheck | None
     depends_on: dict[str, str]  # service -> compose condition
+    build: BuildSpec | None = None  # built under ``image`` before the start, when set
 
     @property
     def is_init_job(self) -> bool:
@@ -196,10 +207,24 @@ def _depends_on(raw: object) -> dict[str, str]:
     raise ComposeSpecError("depends_on must be a list or a mapping")
 
 
+def _build(raw: object, base_dir: Path) -> BuildSpec | None:
+    """``build: ./dir`` or ``build: {context: ./dir, dockerfile: File}``; other build options are refused."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = {"context": raw}
+    if not isinstance(raw, Mapping) or "context" not in raw:
+        raise ComposeSpecError("build must be a path or a mapping with a context")
+    unsupported = sorted(set(raw) - {"context", "dockerfile"})
+    if unsupported:
+        raise ComposeSpecError(f"build option(s) {unsupported} are not supported (only context and dockerfile)")
+    return BuildSpec(str((base_dir / str(raw["context"])).resolve()), str(raw.get("dockerfile", "Dockerfile")))
+
+
 def service_spec(name: str, raw: Mapping[str, Any], base_dir: Path) -> ServiceSpec:
     """Translate one compose service; anything it cannot honour raises ComposeSpecError."""
     if "image" not in raw:
-        raise ComposeSpecError(f"service {name} has no image (builds are not supported)")
+        raise ComposeSpecError(f"service {name} has no image (a build needs one too: the name it is built under)")
     return ServiceSpec(
         name=name,
         image=str(raw["image"]),
@@ -210,6 +235,7 @@ def service_spec(name: str, raw: Mapping[str, Any], base_dir: Path) -> ServiceSp
         volumes=tuple(_volume(v, base_dir) for v in raw.get("volumes") or ()),
         healthcheck=_healthcheck(raw.get("healthcheck")),
         depends_on=_depends_on(raw.get("depends_on")),
+        build=_build(raw.get("build"), base_dir),
     )
 
 
@@ -322,6 +348,17 @@ def _require_testcontainers() -> None:
         raise StackStartError("testcontainers is not installed: `pip install -e '.[docker]'` (the `docker` extra)")
 
 
+def _build_image(spec: ServiceSpec) -> None:
+    """Build the service's image under its compose ``image`` name (kept: the next run reuses its layers)."""
+    from testcontainers.core.image import DockerImage
+
+    assert spec.build is not None
+    try:
+        DockerImage(spec.build.context, tag=spec.image, dockerfile_path=spec.build.dockerfile, clean_up=False).build()
+    except Exception as exc:
+        raise StackStartError(f"{spec.name}: building {spec.image} from {spec.build.context} failed: {exc}") from exc
+
+
 def _container(spec: ServiceSpec, network: Network, timeout: float) -> DockerContainer:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.wait_strategies import HealthcheckWaitStrategy
@@ -378,6 +415,9 @@ class ComposeStack:
         _require_testcontainers()
         from testcontainers.core.network import Network
 
+        for spec in self.specs:  # before any container starts: a failed build leaves nothing to clean up
+            if spec.build is not None:
+                _build_image(spec)
         self._network = Network().create()
         try:
             for spec in self.specs:
