@@ -60,7 +60,9 @@ def resource_name(database: str) -> str:
 
 
 def kafka_connector(database: str) -> dict[str, Any]:
-    config = outbox_connector_config(database)
+    # the topics the database's service may publish to: the config it registers itself
+    (member,) = [m for m in FLEET if m.database == database]
+    config = outbox_connector_config(database, topics=member.emits)
     spec: dict[str, Any] = {
         "class": config["connector.class"],
         "tasksMax": int(config["tasks.max"]),

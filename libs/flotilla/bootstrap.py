@@ -6,6 +6,8 @@ again at any time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 from psycopg import sql
 
@@ -21,13 +23,17 @@ def ensure_database(settings: StackSettings, database: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
 
 
-def bootstrap_outbox(settings: StackSettings, database: str, *, timeout: float = 90) -> str:
-    """Database + outbox table + a RUNNING Debezium outbox connector; returns its name."""
+def bootstrap_outbox(
+    settings: StackSettings, database: str, *, topics: Sequence[str] | None = None, timeout: float = 90
+) -> str:
+    """Database + outbox table + a RUNNING Debezium outbox connector that publishes only to
+    ``topics`` (None: to any); returns its name."""
     ensure_database(settings, database)
     with psycopg.connect(settings.pg_dsn(database)) as conn:
         outbox.migrate(conn)
     name = connectors.connector_name(database)
-    connectors.register_connector(settings.connect_url, name, connectors.outbox_connector_config(database))
+    config = connectors.outbox_connector_config(database, topics=topics)
+    connectors.register_connector(settings.connect_url, name, config)
     connectors.wait_running(settings.connect_url, name, timeout=timeout)
     return name
 

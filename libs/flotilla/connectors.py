@@ -12,9 +12,11 @@ secret and the same JSON serves the local stack and docker compose.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
@@ -24,6 +26,8 @@ POLL_INTERVAL_MS = 10
 
 # Our own transform (infra/connect-transforms), a plugin beside Debezium's on every Connect worker.
 DROP_NULL_HEADERS = "dev.flotilla.connect.DropNullHeaders"
+FILTER = "org.apache.kafka.connect.transforms.Filter"
+TOPIC_NAME_MATCHES = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches"
 
 # A transform's name in the chain and its settings without the ``transforms.<name>.`` prefix.
 Transform = tuple[str, dict[str, str]]
@@ -73,9 +77,31 @@ def outbox_connector_config(
     port: str = "${env:FLOTILLA_PG_PORT}",
     user: str = "${env:FLOTILLA_PG_USER}",
     password: str = "${env:FLOTILLA_PG_PASSWORD}",
+    topics: Sequence[str] | None = None,
 ) -> dict[str, str]:
-    """The Kafka Connect config of the outbox connector for one service database."""
+    """The Kafka Connect config of the outbox connector for one service database.
+
+    ``topics``: the only topics this database's rows may be published to (its service's
+    ``emits``); any other row is dropped by Connect itself. The outbox table's constraint
+    already refuses such rows; this holds too when someone with the database role has
+    dropped the constraint. None: any topic (the compose outbox demo).
+    """
     placement = ",".join(f"{col}:header:{hdr}" for col, hdr in HEADER_COLUMNS.items())
+    chain: list[Transform] = [
+        ("outbox", outbox_router(placement)),
+        # After the router: it adds a null-valued header for each NULL column (a root
+        # record's ce_causationid); an absent CloudEvents attribute is an absent header.
+        ("dropnulls", {"type": DROP_NULL_HEADERS}),
+    ]
+    predicates: dict[str, str] = {}
+    if topics is not None:
+        # Filter drops what its predicate matches; negated, it keeps only the declared topics.
+        chain.append(("allowlist", {"type": FILTER, "predicate": "declared", "negate": "true"}))
+        predicates = {
+            "predicates": "declared",
+            "predicates.declared.type": TOPIC_NAME_MATCHES,
+            "predicates.declared.pattern": topic_pattern(topics),
+        }
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
@@ -100,15 +126,17 @@ def outbox_connector_config(
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
         "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
         "header.converter": "org.apache.kafka.connect.storage.SimpleHeaderConverter",
-        **transforms_config(
-            [
-                ("outbox", outbox_router(placement)),
-                # After the router: it adds a null-valued header for each NULL column (a root
-                # record's ce_causationid); an absent CloudEvents attribute is an absent header.
-                ("dropnulls", {"type": DROP_NULL_HEADERS}),
-            ]
-        ),
+        **transforms_config(chain),
+        **predicates,
     }
+
+
+def topic_pattern(topics: Sequence[str]) -> str:
+    """A Java regex matching exactly these topic names (Connect's TopicNameMatches matches
+    the whole name); no topic: a pattern that matches nothing."""
+    if not topics:
+        return "(?!)"
+    return "|".join(re.escape(t) for t in sorted(set(topics)))
 
 
 class ConnectError(RuntimeError):

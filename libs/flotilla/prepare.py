@@ -1,11 +1,13 @@
 """Make a stack ready for a fleet, in one idempotent run.
 
-    python -m flotilla.prepare --outbox flotilla_health --outbox flotilla_policy ... \\
-                               --database flotilla_audit
+    python -m flotilla.prepare --outbox flotilla_health=incidents \\
+                               --outbox flotilla_policy=incidents,commands ... --database flotilla_audit
 
 1. registers every contract in ``schemas/`` with the registry (``flotilla.contracts``);
-2. for each ``--outbox`` database: the database, its outbox table and a RUNNING Debezium
-   outbox connector (``flotilla.bootstrap.bootstrap_outbox``);
+2. for each ``--outbox DATABASE=TOPIC[,TOPIC]``: the database, its outbox table and a
+   RUNNING Debezium outbox connector that publishes only to those topics — the service's
+   ``emits``, so the connector is configured exactly as the service registers it
+   (``flotilla.bootstrap.bootstrap_outbox``);
 3. for each ``--database``: the database alone (a service that publishes nothing).
 
 Services do steps 2 and 3 for themselves at start-up as well; running them first (the
@@ -22,7 +24,7 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from flotilla import bootstrap, contracts
@@ -50,7 +52,7 @@ def _retrying(what: str, step: Callable[[], T], deadline: float, pause: float) -
 def prepare(
     settings: StackSettings,
     *,
-    outbox: Sequence[str] = (),
+    outbox: Mapping[str, Sequence[str]] | Sequence[str] = (),
     databases: Sequence[str] = (),
     schemas: bool = True,
     timeout: float = 180.0,
@@ -62,9 +64,10 @@ def prepare(
         client = registry_client(settings.schema_registry_url)
         ids = _retrying("registering the contracts", lambda: contracts.register_all(client), deadline, pause)
         log.info("%d contracts registered", len(ids))
-    for database in outbox:
+    declared = outbox if isinstance(outbox, Mapping) else {database: None for database in outbox}
+    for database, topics in declared.items():
         left = max(1.0, deadline - time.monotonic())
-        step = functools.partial(bootstrap.bootstrap_outbox, settings, database, timeout=left)
+        step = functools.partial(bootstrap.bootstrap_outbox, settings, database, topics=topics, timeout=left)
         name = _retrying(f"outbox of {database}", step, deadline, pause)
         log.info("%s: outbox table and connector %s running", database, name)
     for database in databases:
@@ -73,9 +76,24 @@ def prepare(
         log.info("%s: database ready", database)
 
 
+def _outbox_arg(text: str) -> tuple[str, tuple[str, ...]]:
+    database, sep, topics = text.partition("=")
+    names = tuple(t.strip() for t in topics.split(",") if t.strip())
+    if not database or not sep or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected DATABASE=TOPIC[,TOPIC] (the topics it may publish to)")
+    return database, names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flotilla.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--outbox", action="append", default=[], metavar="DATABASE", help="a publishing database")
+    parser.add_argument(
+        "--outbox",
+        action="append",
+        default=[],
+        type=_outbox_arg,
+        metavar="DATABASE=TOPIC[,TOPIC]",
+        help="a publishing database and the only topics its connector may publish to",
+    )
     parser.add_argument("--database", action="append", default=[], metavar="DATABASE", help="a database only")
     parser.add_argument("--no-schemas", action="store_true", help="do not register the contracts")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to keep retrying (default 180)")
@@ -84,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         prepare(
             load_settings(),
-            outbox=args.outbox,
+            outbox=dict(args.outbox),
             databases=args.database,
             schemas=not args.no_schemas,
             timeout=args.timeout,

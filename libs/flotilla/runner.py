@@ -100,7 +100,7 @@ class ServiceSpec:
 def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
     """Database, connector, migrations, pool and serde: everything before running."""
     if spec.publishes:
-        bootstrap_outbox(settings, spec.database)
+        bootstrap_outbox(settings, spec.database, topics=spec.emits)
     else:
         ensure_database(settings, spec.database)
     with psycopg.connect(settings.pg_dsn(spec.database), autocommit=True) as conn:

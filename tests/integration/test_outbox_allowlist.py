@@ -100,3 +100,41 @@ def test_the_constraint_follows_the_declaration_at_every_start(stack: StackSetti
     ).pool.close()
     with agent.pool.connection() as conn, pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
         _raw_row(conn, "commands")
+
+
+def test_connect_itself_drops_a_row_for_an_undeclared_topic(stack: StackSettings, agent: ServiceContext) -> None:
+    """Someone with the database role drops the constraint and writes a command row: the
+    connector's own filter (the service's declared topics) still never publishes it, and
+    the rows behind it are published."""
+    from .kafka_wait import read_until_all, tail_consumer
+
+    commands = tail_consumer(stack.kafka_bootstrap, "commands")
+    incidents = tail_consumer(stack.kafka_bootstrap, "incidents")
+    value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
+    try:
+        with agent.pool.connection() as conn, conn.transaction():
+            conn.execute(f"ALTER TABLE outbox DROP CONSTRAINT {ALLOWLIST_CONSTRAINT}")  # the compromised role
+            _raw_row(conn, "commands")
+            agent.emit(
+                conn,
+                topic="incidents",
+                key=env.correlationid,
+                record_type=SERVICE_LATENCY_INCREASED,
+                value={k: v for k, v in value.items() if k != "eventId"},
+                correlation=env.correlationid,
+            )
+        with agent.pool.connection() as conn:
+            sentinel = conn.execute(
+                "SELECT id::text FROM outbox WHERE aggregatetype = 'incidents' ORDER BY created_at DESC LIMIT 1"
+            ).fetchone()
+        assert sentinel is not None
+        read_until_all(incidents, {sentinel[0]}, timeout=30)  # the connector got past the forged row
+        forged = [m for m in (commands.poll(1.0) for _ in range(5)) if m is not None and not m.error()]
+        assert [m.headers() for m in forged] == []
+    finally:
+        commands.close()
+        incidents.close()
+        prepare(
+            ServiceSpec(name="it-allowlist-agent", database=DB, emits=REMEDIATION.emits),
+            ServiceSettings(**stack.model_dump()),
+        ).pool.close()  # the constraint back

@@ -438,10 +438,24 @@ def test_every_interpolated_variable_has_a_default_and_is_documented() -> None:
 def _prepare_args(services: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     argv = services[INIT]["command"]
     assert argv[:3] == ["python", "-m", "flotilla.prepare"]
-    outbox = [a.split("=", 1)[1] for a in argv[3:] if a.startswith("--outbox=")]
+    outbox = [a.split("=", 1)[1].split("=", 1)[0] for a in argv[3:] if a.startswith("--outbox=")]
     plain = [a.split("=", 1)[1] for a in argv[3:] if a.startswith("--database=")]
     assert len(outbox) + len(plain) == len(argv) - 3, f"unexpected arguments in {argv}"
     return outbox, plain
+
+
+def test_fleet_init_registers_each_connector_with_its_services_topics(services: dict[str, dict[str, Any]]) -> None:
+    """The connector fleet-init registers and the one the service registers at start are
+    one config (the allowlist included): otherwise each would rewrite the other's."""
+    declared = {
+        database: tuple(sorted(topics.split(",")))
+        for database, topics in (
+            a.removeprefix("--outbox=").split("=", 1) for a in services[INIT]["command"] if a.startswith("--outbox=")
+        )
+    }
+    for member in fleet.FLEET:
+        if member.database in declared:
+            assert declared[member.database] == tuple(sorted(member.emits)), member.name
 
 
 def _spec_publishes(member: Member) -> bool:
@@ -489,8 +503,15 @@ def test_prepare_entry_point_takes_those_arguments(monkeypatch: pytest.MonkeyPat
         seen.update(kwargs)
 
     monkeypatch.setattr(prepare, "prepare", fake)
-    assert prepare.main(["--outbox=a", "--outbox=b", "--database=c", "--timeout=5"]) == 0
-    assert seen == {"outbox": ["a", "b"], "databases": ["c"], "schemas": True, "timeout": 5.0}
+    assert prepare.main(["--outbox=a=incidents", "--outbox=b=commands,incidents", "--database=c", "--timeout=5"]) == 0
+    assert seen == {
+        "outbox": {"a": ("incidents",), "b": ("commands", "incidents")},
+        "databases": ["c"],
+        "schemas": True,
+        "timeout": 5.0,
+    }
+    with pytest.raises(SystemExit):  # a publishing database without its topics is refused
+        prepare.main(["--outbox=a"])
 
 
 def test_prepare_does_contracts_then_outboxes_then_databases(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -499,7 +520,9 @@ def test_prepare_does_contracts_then_outboxes_then_databases(monkeypatch: pytest
     calls: list[str] = []
     monkeypatch.setattr(prepare, "registry_client", lambda url: object())
     monkeypatch.setattr(contracts, "register_all", lambda client: calls.append("contracts") or {"s": 1})
-    monkeypatch.setattr(bootstrap, "bootstrap_outbox", lambda s, db, timeout: calls.append(f"outbox {db}") or db)
+    monkeypatch.setattr(
+        bootstrap, "bootstrap_outbox", lambda s, db, topics, timeout: calls.append(f"outbox {db} {topics}") or db
+    )
     failures = iter([ConnectionError("not yet")])
 
     def ensure(settings: StackSettings, db: str) -> None:
@@ -509,8 +532,8 @@ def test_prepare_does_contracts_then_outboxes_then_databases(monkeypatch: pytest
         calls.append(f"database {db}")
 
     monkeypatch.setattr(bootstrap, "ensure_database", ensure)
-    prepare.prepare(StackSettings(), outbox=["a", "b"], databases=["c"], timeout=5, pause=0.01)
-    assert calls == ["contracts", "outbox a", "outbox b", "database c"]
+    prepare.prepare(StackSettings(), outbox={"a": ("incidents",), "b": ()}, databases=["c"], timeout=5, pause=0.01)
+    assert calls == ["contracts", "outbox a ('incidents',)", "outbox b ()", "database c"]
 
 
 def test_prepare_gives_up_at_once_on_an_incompatible_contract(monkeypatch: pytest.MonkeyPatch) -> None:

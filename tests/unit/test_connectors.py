@@ -182,3 +182,18 @@ def test_transforms_config_refuses_a_name_used_twice() -> None:
 def test_transforms_config_refuses_a_transform_without_a_class() -> None:
     with pytest.raises(ValueError, match="'dropnulls' has no type"):
         transforms_config([("dropnulls", {"headers": "ce_causationid"})])
+
+
+def test_a_connector_publishes_only_its_services_topics() -> None:
+    """Connect's own Filter drops a row routed anywhere else (the outbox constraint refuses
+    it first; this holds if that constraint was dropped by someone with the database role)."""
+    config = outbox_connector_config("flotilla_remediation", topics=("incidents",))
+    assert config["transforms"] == "outbox,dropnulls,allowlist"
+    assert config["transforms.allowlist.type"] == "org.apache.kafka.connect.transforms.Filter"
+    assert config["transforms.allowlist.negate"] == "true"  # keep what matches, drop the rest
+    assert config["predicates.declared.pattern"] == "incidents"
+    policy = outbox_connector_config("flotilla_policy", topics=("incidents", "commands", "incidents"))
+    assert policy["predicates.declared.pattern"] == "commands|incidents"
+    assert outbox_connector_config("x", topics=("incidents.dlq",))["predicates.declared.pattern"] == r"incidents\.dlq"
+    assert outbox_connector_config("x", topics=())["predicates.declared.pattern"] == "(?!)"  # nothing
+    assert "predicates" not in outbox_connector_config("x")  # unrestricted: the compose outbox demo

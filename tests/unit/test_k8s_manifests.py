@@ -521,7 +521,9 @@ def test_kafka_connectors_are_the_python_outbox_definition(objects: tuple[dict[s
         config = {"connector.class": spec["class"], "tasks.max": str(spec["tasksMax"]), **spec["config"]}
         database = config["database.dbname"]
         # Equal, placeholders included: the worker resolves ${env:FLOTILLA_PG_*} (below).
-        assert config == outbox_connector_config(database), ident(connector)
+        (member,) = [m for m in FLEET if m.database == database]
+        # ... with the allowlist of the service's topics, as the service registers it itself
+        assert config == outbox_connector_config(database, topics=member.emits), ident(connector)
         by_database[database] = connector
     publishing = {m.database for m in FLEET if m.database is not None and m.name != "audit"}
     assert set(by_database) == publishing
