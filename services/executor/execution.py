@@ -40,6 +40,7 @@ next command's short transaction tries to take it. Short transactions also set
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -121,6 +122,14 @@ class ExecutorConfig:
     lease_wait_seconds: float = 20.0  # how long a step waits for another holder's lease to expire
     target_attempts: int = 3  # calls per step while the target is unavailable
     target_backoff_seconds: float = 0.5  # before the 2nd call; doubles after
+    # No call to the target starts later than this after the step's first call: with the
+    # heartbeat a slow action may take as long as it takes, but a step's retries end.
+    action_timeout_seconds: float = 120.0
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """How often a running action renews its lease and touches its handler's transaction."""
+        return max(0.05, self.lease_ttl_seconds / 3)
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,53 @@ class Executor:
             yield conn
 
 
+class Heartbeat:
+    """While the target acts, keep the action's lease and its handler's transaction alive.
+
+    An action slower than the lease would otherwise lose it (a standby would take the
+    resource over with a newer epoch and the first call would be fenced out when it
+    finished), and its handler's transaction — bounded by
+    ``idle_in_transaction_session_timeout`` = the lease TTL so a frozen executor cannot hold
+    its locks forever — would be ended by PostgreSQL while it waits. So every third of a
+    TTL a thread renews the lease (same epoch) and runs ``SELECT 1`` in the handler's
+    transaction. A frozen process freezes this thread too: then the lease expires and the
+    transaction ends exactly as before. A renewal that finds the lease taken over stops
+    the heartbeat; recording the outcome then fails on the epoch (LeaseLost), as it must.
+    """
+
+    def __init__(self, executor: Executor, lease: Lease, handler_conn: psycopg.Connection[Any] | None) -> None:
+        self._x = executor
+        self._lease = lease
+        self._conn = handler_conn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {lease.resource}", daemon=True)
+        self.beats = 0
+        self.lost = False
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._x.config.heartbeat_seconds):
+            try:
+                with self._x.short_transaction() as short:
+                    self._lease = leases.renew(short, self._lease, self._x.config.lease_ttl_seconds)
+                if self._conn is not None:
+                    self._conn.execute("SELECT 1")
+                self.beats += 1
+            except leases.LeaseLost:
+                self.lost = True
+                log.warning("lease on %s was taken over while its action ran", self._lease.resource)
+                return
+            except Exception:  # the next beat tries again; the lease has TTL/3 * 2 to spare
+                log.exception("heartbeat of %s failed", self._lease.resource)
+
+
 class Session:
     """The steps of one handler run: the leases they hold and the outcomes to record.
 
@@ -213,7 +269,7 @@ class Session:
         if isinstance(begun, Execution):  # settled by someone else since we looked
             _tally(step, "replayed")
             return Replayed(step, begun)
-        return self.act(step, lease, begun, now)
+        return self.act(step, lease, begun, now, handler_conn=conn)
 
     def begin(self, step: Step) -> tuple[Lease, Begun | Execution] | None:
         """Step 1: lease (new epoch, or ours renewed) + PENDING, in a short committed
@@ -236,8 +292,26 @@ class Session:
             self._held[step.resource] = started[0]
         return started
 
-    def act(self, step: Step, lease: Lease, begun: Begun, now: datetime) -> Outcome:
-        """Step 2: reconcile an in-doubt key, then call the target with the epoch."""
+    def act(
+        self,
+        step: Step,
+        lease: Lease,
+        begun: Begun,
+        now: datetime,
+        *,
+        handler_conn: psycopg.Connection[Any] | None = None,
+    ) -> Outcome:
+        """Step 2: reconcile an in-doubt key, then call the target with the epoch — under
+        a :class:`Heartbeat`, however long the target takes."""
+        with Heartbeat(self._x, lease, handler_conn) as heartbeat:
+            outcome = self._act(step, lease, begun, now)
+        if heartbeat.lost:
+            # A newer holder owns the resource: it reconciles the key by lookup; recording
+            # here would fail on the epoch anyway, so let the loop retry (redelivery).
+            raise leases.fenced_out(f"lease on {step.resource} at epoch {lease.epoch} was taken over mid-action")
+        return outcome
+
+    def _act(self, step: Step, lease: Lease, begun: Begun, now: datetime) -> Outcome:
         target, attempt = self._x.target, begun.execution.attempts
         if begun.in_doubt:
             try:
@@ -263,19 +337,30 @@ class Session:
         except TargetRejected as exc:
             return self._failed(step, lease, TARGET_REJECTED, str(exc), retryable=False, attempt=attempt)
         except TargetUnavailable as exc:
+            # It may have acted all the same (a timeout, a lost answer): ask before saying
+            # it failed, so a failure is reported only for an action that did not happen.
+            try:
+                found = target.lookup(step.idempotency_key)
+            except TargetUnavailable:
+                found = None
+            if found is not None:
+                log.info("%s: the target's answer was lost but the action applied; recording it", step.idempotency_key)
+                return self._applied(step, lease, found, reconciled=True)
             return self._failed(step, lease, TARGET_UNAVAILABLE, str(exc), retryable=True, attempt=attempt)
         return self._applied(step, lease, result, reconciled=result.replayed)
 
     def _call(self, call: Callable[[], T], lease: Lease) -> T:
-        """``call`` with bounded retries while the target is unavailable; the lease is
+        """``call`` with bounded retries while the target is unavailable — at most
+        ``target_attempts``, none starting after ``action_timeout_seconds``; the lease is
         renewed before each retry (LeaseLost ends it: a newer holder owns the resource)."""
         config = self._x.config
         delay = config.target_backoff_seconds
+        deadline = time.monotonic() + config.action_timeout_seconds
         for attempt in range(1, config.target_attempts + 1):
             try:
                 return call()
             except TargetUnavailable as exc:
-                if attempt == config.target_attempts:
+                if attempt == config.target_attempts or time.monotonic() + delay >= deadline:
                     raise
                 log.warning("target unavailable (attempt %d of %d): %s", attempt, config.target_attempts, exc)
                 self._x.sleep(delay)

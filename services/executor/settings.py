@@ -40,7 +40,11 @@ class ExecutorSettings(ServiceSettings):
     executor_lease_wait_seconds: float = Field(20.0, ge=0)  # wait for another holder's lease, then fail
     executor_target_attempts: int = Field(3, ge=1)  # calls per step while the target is unavailable
     executor_target_backoff_seconds: float = Field(0.5, ge=0)
-    executor_target_timeout_seconds: float = Field(5.0, gt=0)
+    # One call to the target; a slow action keeps its lease meanwhile (a heartbeat), so
+    # this is about a target that stopped answering, not about slow actions.
+    executor_target_timeout_seconds: float = Field(30.0, gt=0)
+    # No retry of a step starts later than this after its first call.
+    executor_action_timeout_seconds: float = Field(120.0, gt=0)
     executor_target: Literal["sim", "kubernetes"] = "sim"
     # The policy service's public keys (flotilla.keys: "ed25519:<base64>", PEM, or a file
     # of them): a command runs only if one of them signed it. Several: key rotation.
@@ -95,6 +99,7 @@ class ExecutorSettings(ServiceSettings):
             lease_wait_seconds=self.executor_lease_wait_seconds,
             target_attempts=self.executor_target_attempts,
             target_backoff_seconds=self.executor_target_backoff_seconds,
+            action_timeout_seconds=self.executor_action_timeout_seconds,
         )
 
     def build_target(self) -> ActionTarget:

@@ -11,7 +11,9 @@ import pytest
 
 from flotilla.envelope import Envelope
 from flotilla.rawrecords import jsonable
+from services.fleet import EXECUTOR
 
+from .conftest import E2E_SETTINGS
 from .fleet import (
     APPROVER,
     DEMO_SERVICE,
@@ -251,3 +253,26 @@ def test_poison_is_quarantined_then_requeued_sanitized_and_processed_once(fleet:
     watch.settle(3)
     processed = [s for s in watch.seen if s.kind == "HumanApprovalRequired" and s.envelope.causationid == envelope.id]
     assert len(processed) == 1
+
+
+def test_a_target_slower_than_the_lease_acts_once_and_reports_what_happened(fleet: Fleet, watch: Watch) -> None:
+    """The sim takes 25 s per action, the executor's lease lives 15 s: the heartbeat keeps
+    the lease (one epoch) and the handler's transaction, so the action is applied once and
+    reported executed — no livelock of newer epochs, no failure for an action that happened."""
+    fleet.wait_until_healthy("checkout-dev")
+    fleet.sim("PUT", "/settings", {"actionSeconds": 25})
+    try:
+        incident = open_incident(fleet, watch, service="checkout-dev", dependency="payments-dev")
+        executed = watch.kind("RecoveryExecuted", incident, timeout=150)
+        assert executed.value["actionDurationMs"] >= 25_000
+        key = str(executed.value["idempotencyKey"])
+        watch.settle(3)
+        assert len(watch.of(incident, "RecoveryExecuted")) == 1 and not watch.of(incident, "CommandFailed")
+        assert fleet.sim_action("GET", f"/actions/{key}")["status"] == "applied"
+        [lease] = [entry for entry in fleet.call(EXECUTOR, "GET", "/leases") if entry["resource"] == "dev/checkout-dev"]
+        assert lease["epoch"] == executed.value["fencingEpoch"]  # nobody took it over meanwhile
+    finally:
+        fleet.sim("PUT", "/settings", {"actionSeconds": float(E2E_SETTINGS["FLOTILLA_SIM_ACTION_SECONDS"])})
+    watch.kind("RecoveryCompleted", incident, timeout=60)
+    fleet.reset_sim()
+    fleet.wait_until_healthy("checkout-dev")

@@ -78,6 +78,8 @@ class FakeTarget:
         self.unavailable = 0
         self.unavailable_calls = 0
         self.crash_after_apply = False
+        self.delay = 0.0  # seconds every apply takes before it acts (a slow target)
+        self.lost_answers = 0  # how many of the next applies act, then fail as TargetUnavailable
         self._lock = threading.Lock()
 
     def service(self, resource: str) -> dict[str, Any]:
@@ -94,12 +96,17 @@ class FakeTarget:
         fencing_token: int,
         holder: str,
     ) -> ActionResult:
+        if self.delay:
+            time.sleep(self.delay)
         with self._lock:
             if self.unavailable > 0:
                 self.unavailable -= 1
                 self.unavailable_calls += 1
                 raise TargetUnavailable("fake target: 503")
             if idempotency_key in self.ledger:
+                if self.lost_answers > 0:  # the replay's answer is lost too
+                    self.lost_answers -= 1
+                    raise TargetUnavailable("fake target: the answer was lost (a timeout after the action)")
                 return replace(self.ledger[idempotency_key], replayed=True)
             newest = self.newest.get(resource, 0)
             if fencing_token < newest:
@@ -115,8 +122,12 @@ class FakeTarget:
             self.ledger[idempotency_key] = result
             self.applied.append((idempotency_key, fencing_token))
             crash, self.crash_after_apply = self.crash_after_apply, False
+            lost = self.lost_answers > 0
+            self.lost_answers -= 1 if lost else 0
         if crash:
             raise SystemExit(17)
+        if lost:
+            raise TargetUnavailable("fake target: the answer was lost (a timeout after the action)")
         return result
 
     def lookup(self, idempotency_key: str) -> ActionResult | None:
@@ -466,7 +477,8 @@ def test_target_unavailable_is_retried_a_bounded_number_of_times_then_reported_r
     target.unavailable = 1  # and the target is flaky once more: retried within the bounds
     again = run_and_record(x, pool, as_step(commands.SCALE, value))
     assert isinstance(again, Applied)
-    assert target.lookups == [value["idempotencyKey"]]
+    # looked up before it was reported failed (not applied), and again before the retry
+    assert target.lookups == [value["idempotencyKey"], value["idempotencyKey"]]
     assert len(target.applied) == 1
 
 
@@ -1029,3 +1041,65 @@ def test_a_different_command_reusing_an_executed_key_is_refused_naming_both(
     assert first["commandId"] in failed["errorMessage"] and second["commandId"] in failed["errorMessage"]
     row = execution(pool, key)
     assert row is not None and row.command_id == first["commandId"] and row.state is State.APPLIED
+
+
+# ------------------------------------------------------------------ slow targets
+
+
+def test_an_action_slower_than_the_lease_keeps_its_lease_and_is_reported_once(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """A 2 s lease (and so a 2 s idle-in-transaction bound on the handler) and a 5 s action:
+    the heartbeat renews the lease and keeps the transaction busy, nobody can take the
+    resource over meanwhile, and the action is applied and reported once, not retried
+    into a livelock with ever newer epochs."""
+    short = settings.model_copy(update={"executor_lease_ttl_seconds": 2.0})
+    name, incident = resource_name(), f"incident-{uuid.uuid4().hex[:8]}"
+    value = command(commands.SCALE, name, f"{incident}:scale:12", incident=incident, replicas=12)
+    produce_command(stack, serde, topics[0], commands.SCALE, value)
+    target.delay = 5.0
+    taken_over: list[leases.Lease | None] = []
+
+    def standby_tries() -> None:  # another executor, while the action runs
+        time.sleep(3.5)
+        with pool.connection() as conn, conn.transaction():
+            taken_over.append(leases.acquire(conn, f"production/{name}", "it-executor-b", 2.0))
+
+    threading.Thread(target=standby_tries, daemon=True).start()
+    with executor_loop(short, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 1, timeout=60)
+    assert taken_over == [None]  # the lease was live throughout
+    lease = lease_of(pool, f"production/{name}")
+    assert lease is not None and lease.epoch == 1 and lease.holder == short.executor_id
+    assert target.applied == [(value["idempotencyKey"], 1)]
+    assert [t for t, _ in facts(stack, serde, incident)] == ["RecoveryExecuted"]
+    row = execution(pool, value["idempotencyKey"])
+    assert row is not None and row.state is State.APPLIED and row.attempts == 1
+
+
+def test_an_action_whose_answer_is_lost_is_looked_up_before_it_is_called_failed(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """The target acted but every answer was lost (timeouts after the fact): the executor
+    asks the target by key before it reports anything, and reports what happened."""
+    name, incident = resource_name(), f"incident-{uuid.uuid4().hex[:8]}"
+    value = command(commands.SCALE, name, f"{incident}:scale:7", incident=incident, replicas=7)
+    produce_command(stack, serde, topics[0], commands.SCALE, value)
+    target.lost_answers = 3  # every attempt of the step
+    with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 1)
+    assert [k for k, _ in target.applied] == [value["idempotencyKey"]]
+    assert value["idempotencyKey"] in target.lookups
+    reported = facts(stack, serde, incident)
+    assert [t for t, _ in reported] == ["RecoveryExecuted"]
+    assert "found applied at the target" in reported[0][1]["outcome"]
