@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration test-transforms browser lint format bench-outbox clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration test-transforms browser lint format bench-outbox bench-authority clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -91,6 +91,9 @@ test-transforms: ## JUnit tests of our Kafka Connect transforms, and their jar (
 
 bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 rows (p50/p99)
 	$(PY) benchmarks/outbox_latency.py --rows 1000
+
+bench-authority: $(STAMP) ## What signing and verifying commands and proposals cost (no stack)
+	$(PY) benchmarks/authority.py
 
 clean: ## Remove the virtualenv and caches (keeps .stack; see stack-reset)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
