@@ -25,9 +25,10 @@ verifying for another. Verification is pure (claims, keyring, clock in; a verdic
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -35,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flotilla import commands
 from flotilla.digest import AUTHORIZATION_FIELD, canonical_json, step_digest
-from flotilla.keys import Keyring, key_id
+from flotilla.keys import Keyring, key_id, load_private_key
 
 __all__ = [
     "ATTESTATION_FIELD",
@@ -46,6 +47,8 @@ __all__ = [
     "Unauthorized",
     "attest_proposal",
     "authorize_command",
+    "required_keyring",
+    "required_signer",
     "verify_command",
     "verify_proposal",
 ]
@@ -90,6 +93,22 @@ class Signer:
 
     def sign(self, domain: bytes, claims: Mapping[str, Any]) -> bytes:
         return self._key.sign(_message(domain, claims))
+
+
+def required_signer(path: Path | None, *, setting: str, why: str) -> Signer:
+    """The signing key a service cannot work without; refuses to go on without it
+    (fail closed), naming the setting and why."""
+    if path is None:
+        raise ValueError(f"{setting} is not set: {why} (python -m flotilla.keys generate <file>)")
+    return Signer(load_private_key(path))
+
+
+def required_keyring(entries: Iterable[str], *, setting: str, why: str) -> Keyring:
+    """The trusted public keys a verifier cannot work without; refuses an empty keyring."""
+    keyring = Keyring.parse(entries)
+    if not keyring:
+        raise ValueError(f"{setting} is empty: {why} (python -m flotilla.keys public <key file>)")
+    return keyring
 
 
 def _message(domain: bytes, claims: Mapping[str, Any]) -> bytes:

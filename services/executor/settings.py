@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.authority import required_keyring
 from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
@@ -83,14 +84,11 @@ class ExecutorSettings(ServiceSettings):
         return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
 
     def authorization_keyring(self) -> Keyring:
-        """The trusted policy keys; refuses to go on without one (fail closed)."""
-        keyring = Keyring.parse(self.authorization_public_keys)
-        if not keyring:
-            raise ValueError(
-                "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS is empty: the executor runs only commands the policy service "
-                "signed, so it needs the policy service's public key(s) (python -m flotilla.keys public <key file>)"
-            )
-        return keyring
+        return required_keyring(
+            self.authorization_public_keys,
+            setting="FLOTILLA_AUTHORIZATION_PUBLIC_KEYS",
+            why="the executor runs only commands the policy service signed",
+        )
 
     def executor_config(self) -> ExecutorConfig:
         return ExecutorConfig(

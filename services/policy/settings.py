@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from flotilla.authority import Signer
-from flotilla.keys import Keyring, load_private_key
+from flotilla.authority import Signer, required_keyring, required_signer
+from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.fleet import POLICY, SIM, url
@@ -57,23 +57,18 @@ class PolicySettings(ServiceSettings):
         return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
 
     def authorization_signer(self) -> Signer:
-        """The command-signing key; refuses to go on without one (fail closed)."""
-        if self.authorization_signing_key_file is None:
-            raise ValueError(
-                "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE is not set: the policy service signs every command it "
-                "authorizes, and the executor runs nothing unsigned (python -m flotilla.keys generate <file>)"
-            )
-        return Signer(load_private_key(self.authorization_signing_key_file))
+        return required_signer(
+            self.authorization_signing_key_file,
+            setting="FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE",
+            why="the policy service signs every command it authorizes, and the executor runs nothing unsigned",
+        )
 
     def proposer_keyring(self) -> Keyring:
-        """The agents' proposal keys; refuses to go on without one (fail closed)."""
-        keyring = Keyring.parse(self.proposal_public_keys)
-        if not keyring:
-            raise ValueError(
-                "FLOTILLA_PROPOSAL_PUBLIC_KEYS is empty: proposals are decided on only when a remediation agent "
-                "signed them, so the policy service needs the agents' public key(s)"
-            )
-        return keyring
+        return required_keyring(
+            self.proposal_public_keys,
+            setting="FLOTILLA_PROPOSAL_PUBLIC_KEYS",
+            why="proposals are decided on only when a remediation agent signed them",
+        )
 
     def token_store(self) -> tuple[TokenStore, bool]:
         """The configured users, and whether they are the demo defaults.

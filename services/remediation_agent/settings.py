@@ -7,8 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from flotilla.authority import Signer
-from flotilla.keys import load_private_key
+from flotilla.authority import Signer, required_signer
 from services import fleet
 from services.reasoner.settings import AgentSettings
 
@@ -27,10 +26,8 @@ class RemediationSettings(AgentSettings):
     proposal_signing_key_file: Path | None = None
 
     def proposal_signer(self) -> Signer:
-        """The proposal-signing key; refuses to go on without one (fail closed)."""
-        if self.proposal_signing_key_file is None:
-            raise ValueError(
-                "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE is not set: the policy service decides only on proposals a "
-                "remediation agent signed (python -m flotilla.keys generate <file>)"
-            )
-        return Signer(load_private_key(self.proposal_signing_key_file))
+        return required_signer(
+            self.proposal_signing_key_file,
+            setting="FLOTILLA_PROPOSAL_SIGNING_KEY_FILE",
+            why="the policy service decides only on proposals a remediation agent signed",
+        )

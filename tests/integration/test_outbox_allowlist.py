@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -38,6 +39,19 @@ def agent(stack: StackSettings) -> Iterator[ServiceContext]:
     drop_outbox(stack, DB)
 
 
+def emit_latency_fact(agent: ServiceContext, conn: psycopg.Connection[Any]) -> None:
+    """A record of a topic the agent declares (incidents), in the caller's transaction."""
+    value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
+    agent.emit(
+        conn,
+        topic="incidents",
+        key=env.correlationid,
+        record_type=SERVICE_LATENCY_INCREASED,
+        value={k: v for k, v in value.items() if k != "eventId"},
+        correlation=env.correlationid,
+    )
+
+
 class _RolledBack(Exception):
     pass
 
@@ -59,18 +73,10 @@ def test_the_remediation_agent_declares_incidents_only_and_policy_also_commands(
 
 
 def test_an_emit_to_an_undeclared_topic_is_a_programming_error(agent: ServiceContext) -> None:
-    value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
     with agent.pool.connection() as conn, pytest.raises(UndeclaredTopicError, match="not to 'commands'"):
         agent.emit(conn, topic="commands", key="production/checkout-api", record_type=SCALE, value={}, correlation="x")
     with agent.pool.connection() as conn, conn.transaction():  # its own topic works
-        agent.emit(
-            conn,
-            topic="incidents",
-            key=env.correlationid,
-            record_type=SERVICE_LATENCY_INCREASED,
-            value={k: v for k, v in value.items() if k != "eventId"},
-            correlation=env.correlationid,
-        )
+        emit_latency_fact(agent, conn)
 
 
 def test_the_outbox_table_refuses_a_command_row_written_with_raw_sql(agent: ServiceContext) -> None:
@@ -110,19 +116,11 @@ def test_connect_itself_drops_a_row_for_an_undeclared_topic(stack: StackSettings
 
     commands = tail_consumer(stack.kafka_bootstrap, "commands")
     incidents = tail_consumer(stack.kafka_bootstrap, "incidents")
-    value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
     try:
         with agent.pool.connection() as conn, conn.transaction():
             conn.execute(f"ALTER TABLE outbox DROP CONSTRAINT {ALLOWLIST_CONSTRAINT}")  # the compromised role
             _raw_row(conn, "commands")
-            agent.emit(
-                conn,
-                topic="incidents",
-                key=env.correlationid,
-                record_type=SERVICE_LATENCY_INCREASED,
-                value={k: v for k, v in value.items() if k != "eventId"},
-                correlation=env.correlationid,
-            )
+            emit_latency_fact(agent, conn)
         with agent.pool.connection() as conn:
             sentinel = conn.execute(
                 "SELECT id::text FROM outbox WHERE aggregatetype = 'incidents' ORDER BY created_at DESC LIMIT 1"
