@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas test test-unit test-integration test-transforms browser lint format bench-outbox bench-authority clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format bench-outbox bench-authority clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,8 +77,10 @@ browser: ## Debian's chromium for the web console's browser test (installed when
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
 	@$(CHROMIUM) --version
 
-test: lint browser test-transforms ## Lint, then every test (JUnit, unit, integration, e2e) on the real stack
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+check: lint test-unit ## The fast lane: lint and the unit tests, no stack (what pre-commit runs, and CI first)
+
+test: check browser test-transforms ## The fast lane first, then JUnit and every test on the real stack
+	$(VENV)/bin/pytest tests/integration tests/e2e $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## Only the fast unit tests (no stack)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
