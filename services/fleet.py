@@ -26,7 +26,7 @@ DIAGNOSTIC = Member("diagnostic-agent", "services.diagnostic_agent", "flotilla_d
 REMEDIATION = Member("remediation-agent", "services.remediation_agent", "flotilla_remediation", 18103)
 POLICY = Member("policy-service", "services.policy", "flotilla_policy", 18104, emits=("incidents", "commands"))
 EXECUTOR = Member("executor", "services.executor", "flotilla_executor", 18105)
-AUDIT = Member("audit", "services.audit", "flotilla_audit", 18106, emits=())
+AUDIT = Member("audit", "services.audit", "flotilla_audit", 18106, emits=("audit.anchors",))
 DLQ_RECONCILER = Member("dlq-reconciler", "services.dlq_reconciler", "flotilla_dlq", 18107)
 # The web console: a front end for people over the services' HTTP APIs (no database, no Kafka).
 CONSOLE = Member("console", "services.console", None, 18108, emits=())

@@ -35,7 +35,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture()
 def signing_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
-    """Fresh policy (command) and remediation (proposal) keys, named by the FLOTILLA_*
+    """Fresh policy (command), remediation (proposal) and audit keys, named by the FLOTILLA_*
     settings the services read, for tests that build the services' specs."""
     from flotilla.keys import load_or_create, public_key_text
 
@@ -46,4 +46,8 @@ def signing_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, P
         monkeypatch.setenv(f"FLOTILLA_{purpose.upper()}_SIGNING_KEY_FILE", str(path))
         monkeypatch.setenv(f"FLOTILLA_{purpose.upper()}_PUBLIC_KEYS", json.dumps([public_key_text(key.public_key())]))
         paths[purpose] = path
+    audit, _ = load_or_create(tmp_path / "secrets" / "audit-signing-key.pem")
+    monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "secrets" / "audit-signing-key.pem"))
+    monkeypatch.setenv("FLOTILLA_AUDIT_PUBLIC_KEYS", json.dumps([public_key_text(audit.public_key())]))
+    paths["audit"] = tmp_path / "secrets" / "audit-signing-key.pem"
     return paths

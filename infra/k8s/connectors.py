@@ -36,7 +36,7 @@ from services.fleet import FLEET  # noqa: E402
 OUTPUT = REPO_ROOT / "infra" / "k8s" / "base" / "connect" / "connectors.yaml"
 CONNECT_CLUSTER = "flotilla-connect"  # the KafkaConnect in base/connect/kafkaconnect.yaml
 # Members with a database that publish nothing (ServiceSpec.publishes=False): no outbox.
-NOT_PUBLISHING = frozenset({"audit"})
+NOT_PUBLISHING: frozenset[str] = frozenset()  # the audit publishes its anchors
 # Spec fields of a KafkaConnector that Strimzi forbids inside spec.config.
 SPEC_FIELDS = {"connector.class": "class", "tasks.max": "tasksMax"}
 

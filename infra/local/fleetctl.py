@@ -15,7 +15,9 @@ the first time ``up`` runs and reused ever after, and each member gets only what
 - the policy service's command-signing key (``authorization-signing-key.pem``): only the
   policy service holds the file; the executor and the DLQ reconciler get its public key;
 - the remediation agent's proposal-signing key (``proposal-signing-key.pem``): only the
-  agent holds the file; the policy service gets its public key.
+  agent holds the file; the policy service gets its public key;
+- the audit's chain-signing key (``.stack/audit/signing-key.pem``, where it always was):
+  only the audit holds it, and its public key is the one key ``/verify`` trusts.
 
 ``sim-token-file`` and ``secrets-dir`` print where they are, for tests that act as a member.
 """
@@ -41,7 +43,7 @@ from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 from flotilla import stackcheck
 from flotilla.keys import KeyMaterialError, load_or_create, public_key_text
 from flotilla.settings import load_settings
-from services.fleet import DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
+from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +57,9 @@ SIM_ACTION_TOKEN = "FLOTILLA_SIM_ACTION_TOKEN"
 SIM_ACTION_TOKEN_HOLDERS = frozenset({SIM.name, EXECUTOR.name})
 AUTHORIZATION_KEY_FILE = SECRETS_DIR / "authorization-signing-key.pem"
 PROPOSAL_KEY_FILE = SECRETS_DIR / "proposal-signing-key.pem"
+# Where the audit has always kept its key (services.audit.settings): an existing log stays
+# signed by the key it was signed with.
+AUDIT_KEY_FILE = STACK_HOME / "audit" / "signing-key.pem"
 # Settings a member must get from the fleet's own secrets, never from the calling shell.
 FLEET_SECRET_SETTINGS = frozenset(
     {
@@ -63,6 +68,8 @@ FLEET_SECRET_SETTINGS = frozenset(
         "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS",
         "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE",
         "FLOTILLA_PROPOSAL_PUBLIC_KEYS",
+        "FLOTILLA_AUDIT_SIGNING_KEY_FILE",
+        "FLOTILLA_AUDIT_PUBLIC_KEYS",
     }
 )
 
@@ -76,12 +83,14 @@ class FleetSecrets:
     authorization_public: str  # its public key, as keyrings take it
     proposal_key: Path  # the remediation agent's private key (file)
     proposal_public: str
+    audit_key: Path  # the audit's private key (file): the hash chain's signatures
+    audit_public: str
 
     @classmethod
     def ensure(cls) -> FleetSecrets:
         """Made the first time, reused after: a member restarted alone keeps its peers' trust."""
         keys = {}
-        for path in (AUTHORIZATION_KEY_FILE, PROPOSAL_KEY_FILE):
+        for path in (AUTHORIZATION_KEY_FILE, PROPOSAL_KEY_FILE, AUDIT_KEY_FILE):
             try:
                 key, created = load_or_create(path)
             except KeyMaterialError as exc:
@@ -95,6 +104,8 @@ class FleetSecrets:
             authorization_public=keys[AUTHORIZATION_KEY_FILE],
             proposal_key=PROPOSAL_KEY_FILE,
             proposal_public=keys[PROPOSAL_KEY_FILE],
+            audit_key=AUDIT_KEY_FILE,
+            audit_public=keys[AUDIT_KEY_FILE],
         )
 
     def for_member(self, member: Member) -> dict[str, str]:
@@ -109,6 +120,9 @@ class FleetSecrets:
             env["FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"] = json.dumps([self.authorization_public])
         if member is REMEDIATION:
             env["FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"] = str(self.proposal_key)
+        if member is AUDIT:
+            env["FLOTILLA_AUDIT_SIGNING_KEY_FILE"] = str(self.audit_key)
+            env["FLOTILLA_AUDIT_PUBLIC_KEYS"] = json.dumps([self.audit_public])
         return env
 
 

@@ -13,8 +13,10 @@ from fastapi import FastAPI, HTTPException, Query
 from prometheus_client import Gauge
 from psycopg.rows import dict_row
 
+from flotilla.keys import Keyring
 from flotilla.runner import ServiceContext
-from services.audit.chain import ChainVerifier, Entry, Sealed, Signer
+from services.audit.anchors import AnchorsUnavailable
+from services.audit.chain import Anchor, ChainVerifier, Entry, Sealed, Signer, check_anchors
 from services.audit.sharedrun import Busy, SharedRun
 from services.audit.timeline import TimelineRow, event_time, is_dead_letter_topic, summary, timeline
 
@@ -81,9 +83,22 @@ def _sealed(row: tuple[Any, ...]) -> Sealed:
     return Sealed(entry, bytes(prev_hash), bytes(entry_hash), bytes(signature), key_id)
 
 
-def verify_chain(ctx: ServiceContext, signer: Signer, batch: int = 1000) -> dict[str, object]:
-    """Walk the whole log in one consistent snapshot, checking every link and signature."""
-    verifier = ChainVerifier(signer.public_key)
+def verify_chain(
+    ctx: ServiceContext,
+    trusted: Keyring,
+    anchors: Callable[[], list[Anchor]],
+    batch: int = 1000,
+) -> dict[str, object]:
+    """Walk the whole log in one consistent snapshot, checking every link and signature
+    against the trusted keys, then hold it against every published anchor.
+
+    The anchors are read first: each names a head the log had before the snapshot, so an
+    honest log contains every one of them."""
+    try:
+        published = anchors()
+    except AnchorsUnavailable as exc:
+        raise HTTPException(503, {"error": f"no verdict without the anchors: {exc}"}) from None
+    verifier = ChainVerifier(trusted)
     with ctx.pool.connection() as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         head = conn.execute("SELECT seq, hash FROM audit_chain_head WHERE id = 1").fetchone()
@@ -96,12 +111,27 @@ def verify_chain(ctx: ServiceContext, signer: Signer, batch: int = 1000) -> dict
                 rows = cur.fetchmany(batch)
                 if not rows or not verifier.feed(_sealed(r) for r in rows):
                     break
+        anchored = conn.execute(
+            "SELECT seq, entry_hash FROM audit_log WHERE seq = ANY(%s)", (sorted({a.seq for a in published}),)
+        ).fetchall()
     result = verifier.finish(int(head[0]), bytes(head[1]))
-    CHAIN_OK.set(1 if result.ok else 0)
-    return {**result.as_json(), "keyId": signer.key_id}
+    against = check_anchors(published, trusted, result.last_seq, {int(q): bytes(h) for q, h in anchored})
+    broken = result.broken or against.broken
+    ok = broken is None
+    CHAIN_OK.set(1 if ok else 0)
+    verdict = result.as_json()
+    verdict.update(
+        ok=ok,
+        firstBroken=None if broken is None else {"seq": broken.seq, "problem": broken.problem},
+        anchors=against.as_json(),
+        trustedKeys=sorted(trusted),
+    )
+    return verdict
 
 
-def make_routes(signer: Signer) -> Callable[[FastAPI, ServiceContext], None]:
+def make_routes(
+    signer: Signer, trusted: Keyring, anchors: Callable[[], list[Anchor]]
+) -> Callable[[FastAPI, ServiceContext], None]:
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
         @app.get("/incidents")
         def incidents(limit: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
@@ -157,7 +187,7 @@ def make_routes(signer: Signer) -> Callable[[FastAPI, ServiceContext], None]:
 
         # Anyone may ask, and a walk checks every signature: concurrent callers share walks
         # (never one that started before they asked), one at a time, with a pause between.
-        shared_verify = SharedRun(lambda: verify_chain(ctx, signer))
+        shared_verify = SharedRun(lambda: verify_chain(ctx, trusted, anchors))
 
         @app.get("/verify")
         def verify() -> dict[str, object]:
@@ -176,6 +206,7 @@ def make_routes(signer: Signer) -> Callable[[FastAPI, ServiceContext], None]:
                 "publicKeyPem": signer.public_pem(),
                 "publicKeyBase64": base64.b64encode(raw).decode("ascii"),
                 "signs": "each entry's hash: SHA-256(previous entry hash || canonical entry JSON)",
+                "trustedKeyIds": ",".join(sorted(trusted)),
             }
 
     return routes

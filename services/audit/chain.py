@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from flotilla.keys import Keyring, key_id
 
 GENESIS = bytes(32)
 
@@ -92,12 +94,6 @@ def headers_json(headers: Iterable[tuple[str, bytes | None]]) -> str:
     return json.dumps(items, separators=(",", ":"), ensure_ascii=True)
 
 
-def key_id(public_key: Ed25519PublicKey) -> str:
-    """A short, stable name for a public key: the first 16 hex of SHA-256 of its raw bytes."""
-    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:16]
-
-
 class Signer:
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
         self._key = private_key
@@ -155,12 +151,12 @@ class ChainVerifier:
     """Walks sealed entries in seq order; stops at the first broken one.
 
     Feed it entries (any number of batches) with :meth:`feed`, then :meth:`finish` with
-    the chain head the database recorded.
+    the chain head the database recorded. Entries are checked against ``trusted`` (the
+    configured keys): an entry signed with any other key is broken, whatever it says.
     """
 
-    def __init__(self, public_key: Ed25519PublicKey) -> None:
-        self._public_key = public_key
-        self._key_id = key_id(public_key)
+    def __init__(self, trusted: Keyring) -> None:
+        self._trusted = trusted
         self._expected_seq = 1
         self._hash = GENESIS
         self._checked = 0
@@ -186,10 +182,13 @@ class ChainVerifier:
             return Broken(seq, "its previous-hash does not link to the entry before it")
         if link(self._hash, item.entry) != item.entry_hash:
             return Broken(seq, "its content does not match its hash (the entry was changed)")
-        if item.key_id != self._key_id:
-            return Broken(seq, f"it is signed with key {item.key_id}, not the current key {self._key_id}")
+        public = self._trusted.get(item.key_id)
+        if public is None:
+            return Broken(
+                seq, f"it is signed with key {item.key_id}, which is not trusted ({self._trusted.describe()})"
+            )
         try:
-            self._public_key.verify(item.signature, item.entry_hash)
+            public.verify(item.signature, item.entry_hash)
         except InvalidSignature:
             return Broken(seq, "its signature does not verify (the hash was recomputed without the key)")
         return None
@@ -205,7 +204,85 @@ class ChainVerifier:
         return Verification(self.broken is None, self._checked, last_seq, self._hash, self.broken)
 
 
-def verify(sealed: Iterable[Sealed], public_key: Ed25519PublicKey, head_seq: int, head_hash: bytes) -> Verification:
-    verifier = ChainVerifier(public_key)
+def verify(sealed: Iterable[Sealed], trusted: Keyring, head_seq: int, head_hash: bytes) -> Verification:
+    verifier = ChainVerifier(trusted)
     verifier.feed(sealed)
     return verifier.finish(head_seq, head_hash)
+
+
+# ------------------------------------------------------------------ anchors
+
+ANCHOR_DOMAIN = b"flotilla/audit-anchor/v1"
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A signed statement, published outside the database: the log had ``seq`` entries,
+    the last one hashing to ``entry_hash``."""
+
+    seq: int
+    entry_hash: bytes
+    key_id: str
+    anchored_at: datetime
+    signature: bytes
+
+    def message(self) -> bytes:
+        return anchor_message(self.seq, self.entry_hash, self.key_id, self.anchored_at)
+
+
+def anchor_message(seq: int, entry_hash: bytes, kid: str, at: datetime) -> bytes:
+    claims = {"seq": seq, "hash": entry_hash.hex(), "keyId": kid, "anchoredAt": _encode(at)}
+    return ANCHOR_DOMAIN + b"\n" + json.dumps(claims, sort_keys=True, separators=(",", ":")).encode("ascii")
+
+
+def anchor(seq: int, entry_hash: bytes, signer: Signer, at: datetime) -> Anchor:
+    at = at.astimezone(UTC).replace(microsecond=at.microsecond // 1000 * 1000)  # what timestamp-millis holds
+    return Anchor(seq, entry_hash, signer.key_id, at, signer.sign(anchor_message(seq, entry_hash, signer.key_id, at)))
+
+
+@dataclass(frozen=True)
+class AnchorCheck:
+    """The log held against the anchors published so far."""
+
+    checked: int
+    newest_seq: int | None
+    broken: Broken | None
+
+    def as_json(self) -> dict[str, object]:
+        return {"checked": self.checked, "newestSeq": self.newest_seq}
+
+
+def check_anchors(anchors: Iterable[Anchor], trusted: Keyring, last_seq: int, hashes: dict[int, bytes]) -> AnchorCheck:
+    """Every anchor must be genuine and name an entry the log still has, with that hash.
+
+    ``hashes`` are the log's entry hashes at the anchors' seqs (from the same snapshot as
+    ``last_seq``). Anchors are read *before* the snapshot, so an honest log has every seq an
+    anchor names.
+    """
+    seen: dict[int, bytes] = {}
+    checked = 0
+    newest: int | None = None
+    for item in sorted(anchors, key=lambda a: a.seq):
+        public = trusted.get(item.key_id)
+        if public is None:
+            return AnchorCheck(
+                checked, newest, Broken(item.seq, f"an anchor is signed with untrusted key {item.key_id}")
+            )
+        try:
+            public.verify(item.signature, item.message())
+        except InvalidSignature:
+            return AnchorCheck(checked, newest, Broken(item.seq, "an anchor's signature does not verify (forged)"))
+        if seen.get(item.seq, item.entry_hash) != item.entry_hash:
+            return AnchorCheck(checked, newest, Broken(item.seq, f"two anchors disagree about entry {item.seq}"))
+        seen[item.seq] = item.entry_hash
+        if item.seq > last_seq:
+            problem = f"an anchor says entry {item.seq} existed, the log ends at entry {last_seq}: its tail was cut"
+            return AnchorCheck(checked, newest, Broken(last_seq + 1, problem))
+        if item.seq > 0 and hashes.get(item.seq) != item.entry_hash:
+            problem = (
+                f"entry {item.seq} is not the one anchored at {item.anchored_at.isoformat()}: the log was rewritten"
+            )
+            return AnchorCheck(checked, newest, Broken(item.seq, problem))
+        checked += 1
+        newest = item.seq
+    return AnchorCheck(checked, newest, None)

@@ -10,8 +10,12 @@ an operator sanitized (changed) the value; and (c) reacts to records whose hop b
 spent by emitting LoopTerminated, which a service that publishes nothing must not do.
 So the audit runs one raw loop (consumer group ``audit``) over all four topics, decodes
 best-effort itself, and records every record exactly once by its coordinates; the spec
-declares no decoding-loop topics (``topics=()``), publishes nothing, and follows no
-workflow. Its batches commit to the database before their offsets, like the runtime's.
+declares no decoding-loop topics (``topics=()``) and follows no workflow. Its batches
+commit to the database before their offsets, like the runtime's.
+
+It publishes one thing: the chain's signed head, every ``FLOTILLA_AUDIT_ANCHOR_SECONDS``
+when it moved, to ``audit.anchors`` through its outbox (:mod:`services.audit.anchors`);
+``/verify`` holds the log against those anchors and trusts only the configured keys.
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from fastapi import FastAPI
+
 from flotilla.rawloop import RawLoop
 from flotilla.runner import ServiceContext, ServiceSpec
-from services.audit import keys
+from services.audit.anchors import ANCHOR_MIGRATION, publisher, read_anchors
 from services.audit.api import make_routes
-from services.audit.chain import Signer
+from services.audit.chain import Anchor, Signer
 from services.audit.recorder import Recorder
 from services.audit.settings import AuditSettings, load_settings
-from services.fleet import AUDIT
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
@@ -50,15 +55,24 @@ def _consumer(settings: AuditSettings, signer: Signer) -> Callable[[ServiceConte
 
 def build_spec(settings: AuditSettings | None = None, signer: Signer | None = None) -> ServiceSpec:
     settings = settings or load_settings()
-    signer = signer or Signer(keys.load_or_create(settings.signing_key_path))
+    signer = signer or settings.signer()
+    trusted = settings.trusted_keys(signer)
+    topic = settings.audit_anchors_topic
+
+    def read(ctx: ServiceContext) -> Callable[[], list[Anchor]]:
+        return lambda: read_anchors(settings.kafka_client(), topic, ctx.serde)
+
+    def routes(app: FastAPI, ctx: ServiceContext) -> None:
+        make_routes(signer, trusted, read(ctx))(app, ctx)
+
     return ServiceSpec(
         name=settings.service_name,
         database=settings.service_database,
         topics=(),  # every audited topic is read raw, by the periodic task
-        migrations=MIGRATIONS,
-        periodic=((0.1, _consumer(settings, signer)),),
-        routes=make_routes(signer),
-        publishes=False,
-        emits=AUDIT.emits,  # nothing: the audit never publishes
+        migrations=(*MIGRATIONS, ANCHOR_MIGRATION),
+        periodic=((0.1, _consumer(settings, signer)), (settings.audit_anchor_seconds, publisher(signer, topic))),
+        routes=routes,
+        publishes=True,  # its anchors, and nothing else (emits)
+        emits=(topic,),
         loop={"follow_workflow": False},
     )

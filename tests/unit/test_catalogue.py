@@ -32,7 +32,8 @@ BY_NAME = {c.full_name: c for c in CONTRACTS}
 FACTS = "dev.flotilla.incidents"
 DECISIONS = "dev.flotilla.decisions"
 COMMANDS = "dev.flotilla.commands"
-TOPIC_OF_KIND = {FACTS: "incidents", DECISIONS: "incidents", COMMANDS: "commands"}
+AUDIT = "dev.flotilla.audit"  # the audit's own anchors, on a topic of their own
+TOPIC_OF_KIND = {FACTS: "incidents", DECISIONS: "incidents", COMMANDS: "commands", AUDIT: "audit.anchors"}
 
 CATALOGUE = {
     FACTS: [
@@ -57,6 +58,7 @@ CATALOGUE = {
     ],
     DECISIONS: ["DependencyFailureSuspected", "DiagnosisConcluded", "RecoveryProposed"],
     COMMANDS: ["ScaleService", "RestartService", "RollbackDeployment", "FailoverDependency"],
+    AUDIT: ["ChainAnchored"],
 }
 SHARED_TYPES = [
     "dev.flotilla.decisions.Reasoning",
@@ -142,7 +144,7 @@ def test_every_required_record_is_in_the_catalogue_and_nothing_else() -> None:
 @by_contract
 def test_kinds_are_kept_apart_by_namespace_and_topic(contract: Contract) -> None:
     namespace = str(contract.schema["namespace"])
-    assert namespace in TOPIC_OF_KIND, f"{contract.full_name}: namespace is not one of the three kinds"
+    assert namespace in TOPIC_OF_KIND, f"{contract.full_name}: namespace is not one of the kinds"
     assert contract.topic == TOPIC_OF_KIND[namespace]
     assert (SCHEMAS / contract.topic / f"{contract.schema['name']}.avsc").is_file()
     assert contract.subject == f"{TOPIC_OF_KIND[namespace]}-{contract.full_name}"

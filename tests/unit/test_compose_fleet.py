@@ -361,9 +361,8 @@ def test_only_the_sim_and_the_executor_hold_the_action_token(services: dict[str,
 def test_the_audit_key_lives_on_a_volume(services: dict[str, dict[str, Any]]) -> None:
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
     key = Path(env_of(services["audit"])["FLOTILLA_AUDIT_SIGNING_KEY_FILE"])
-    [mount] = services["audit"]["volumes"]
-    volume, target = mount.split(":")[:2]
-    assert volume in compose["volumes"] and key.parent == Path(target)
+    target, read_only = _mounts(services["audit"])["audit-key"]
+    assert "audit-key" in compose["volumes"] and key.parent == Path(target) and read_only  # keys-init made it
     # The image creates that folder for its user, so a fresh named volume is writable.
     assert str(key.parent) in DOCKERFILE.read_text()
 
@@ -384,11 +383,12 @@ def test_each_signing_key_is_mounted_into_its_signer_alone(services: dict[str, d
     for name, service in services.items():
         for volume, (_, read_only) in _mounts(service).items():
             holders.setdefault(volume, set()).add(name)
-            if name != KEYS_INIT and volume.endswith("-key") and volume != "audit-key":
+            if name != KEYS_INIT and volume.endswith("-key"):
                 assert read_only, (name, volume)
     assert holders["authorization-key"] == {KEYS_INIT, "policy-service"}
     assert holders["proposal-key"] == {KEYS_INIT, "remediation-agent"}
-    assert holders["public-keys"] == {KEYS_INIT, "policy-service", "executor", "dlq-reconciler"}
+    assert holders["audit-key"] == {KEYS_INIT, "audit"}
+    assert holders["public-keys"] == {KEYS_INIT, "policy-service", "executor", "dlq-reconciler", "audit"}
     for name, setting in (
         ("policy-service", "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE"),
         ("remediation-agent", "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"),
@@ -400,11 +400,12 @@ def test_each_signing_key_is_mounted_into_its_signer_alone(services: dict[str, d
         ("executor", "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"),
         ("dlq-reconciler", "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"),
         ("policy-service", "FLOTILLA_PROPOSAL_PUBLIC_KEYS"),
+        ("audit", "FLOTILLA_AUDIT_PUBLIC_KEYS"),
     ):
         [path] = json.loads(env_of(services[name])[setting])
         assert Path(path).parent == Path(_mounts(services[name])["public-keys"][0]), name
         assert path in " ".join(services[KEYS_INIT]["command"])  # keys-init writes exactly that file
-    for name in ("policy-service", "remediation-agent", "executor", "dlq-reconciler"):
+    for name in ("policy-service", "remediation-agent", "executor", "dlq-reconciler", "audit"):
         assert services[name]["depends_on"][KEYS_INIT] == {"condition": "service_completed_successfully"}
 
 
@@ -472,7 +473,6 @@ def test_fleet_init_prepares_every_database_as_its_service_will(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
-    monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "audit.pem"))
     monkeypatch.setenv("FLOTILLA_PROFILE", "demo")  # compose's: the specs build with the demo credentials
     outbox, plain = _prepare_args(services)
     with_db = [m for m in fleet.FLEET if m.database]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.fleet import DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM
+from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM
 from services.sim.auth import check_action_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +100,7 @@ def test_each_signing_key_is_held_by_its_signer_alone(fleetctl: ModuleType, monk
     assert holders["FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"] == {REMEDIATION.name}
     assert holders["FLOTILLA_AUTHORIZATION_PUBLIC_KEYS"] == {EXECUTOR.name, DLQ_RECONCILER.name}
     assert holders["FLOTILLA_PROPOSAL_PUBLIC_KEYS"] == {POLICY.name}
+    assert holders["FLOTILLA_AUDIT_SIGNING_KEY_FILE"] == holders["FLOTILLA_AUDIT_PUBLIC_KEYS"] == {AUDIT.name}
     policy_env = fleetctl.member_env(POLICY, secrets)
     assert json.loads(policy_env["FLOTILLA_PROPOSAL_PUBLIC_KEYS"]) == [secrets.proposal_public]
     again = fleetctl.FleetSecrets.ensure()  # reused, not regenerated

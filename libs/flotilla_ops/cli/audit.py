@@ -14,9 +14,11 @@ app = typer.Typer(help="The audit log.", no_args_is_help=True)
 
 def render_verdict(v: dict[str, Any]) -> str:
     if v.get("ok"):
+        anchors = v.get("anchors") or {}
         return (
             f"audit chain intact: {v.get('entriesChecked')} entries checked, last seq {v.get('lastSeq')}, "
-            f"signed by key {v.get('keyId')}"
+            f"signed by trusted key {', '.join(v.get('trustedKeys') or []) or '?'}; "
+            f"held against {anchors.get('checked', 0)} anchor(s), the newest at entry {anchors.get('newestSeq')}"
         )
     broken = v.get("firstBroken") or {}
     return (

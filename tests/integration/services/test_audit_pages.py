@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from psycopg_pool import ConnectionPool
 
 from flotilla.bootstrap import ensure_database
+from flotilla.keys import Keyring
 from flotilla.service import create_app
 from flotilla.settings import StackSettings
 from services.audit.api import make_routes
@@ -85,7 +86,9 @@ def audit_api(stack: StackSettings) -> Iterator[tuple[TestClient, str]]:
         stack.pg_dsn(database), min_size=1, max_size=10, kwargs={"autocommit": True}, open=True
     )
     app = create_app("it-audit-pages", lambda: True)
-    make_routes(signer)(app, SimpleNamespace(pool=pool))  # type: ignore[arg-type]  # the routes use .pool only
+    # trusting the signer, no anchors published (the pages are the subject here, not anchoring)
+    routes = make_routes(signer, Keyring([signer.public_key]), list)
+    routes(app, SimpleNamespace(pool=pool))  # type: ignore[arg-type]  # the routes use .pool only
     try:
         yield TestClient(app), database
     finally:

@@ -34,6 +34,7 @@ from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.contracts import Contract, load_contracts, register
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, HandlerContext
+from flotilla.keys import load_or_create, public_key_text
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
 from flotilla.service import create_app
@@ -44,7 +45,6 @@ from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sa
 from flotilla.workflow import Status, WorkflowStore
 from services.audit import service as audit_service
 from services.audit.chain import Signer
-from services.audit.keys import load_or_create
 from services.audit.settings import AuditSettings
 from services.dlq_reconciler import service as dlq_service
 from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN, DlqSettings
@@ -58,6 +58,7 @@ pytestmark = pytest.mark.timeout(300)
 RUN = uuid.uuid4().hex[:8]
 TOPIC = f"it-had-{RUN}"  # the incidents topic of the health agent and the DLQ reconciler
 AUDITED = f"it-had-audit-{RUN}"  # what the audit test records
+ANCHORS = f"it-had-anchors-{RUN}"  # where that audit anchors its chain
 HEALTH_DB = f"flotilla_it_health_{RUN}"
 AUDIT_DB = f"flotilla_it_audit_{RUN}"
 DLQ_DB = f"flotilla_it_dlq_{RUN}"
@@ -182,10 +183,11 @@ def sim() -> Iterator[FakeSim]:
 def topics(stack: StackSettings, registry: SchemaRegistryClient) -> Iterator[None]:
     """Unique topics and their DLQs, with the ``incidents`` contracts registered for them."""
     admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    names = [TOPIC, f"{TOPIC}.dlq", AUDITED, f"{AUDITED}.dlq"]
+    names = [TOPIC, f"{TOPIC}.dlq", AUDITED, f"{AUDITED}.dlq", ANCHORS]
     for fut in admin.create_topics([NewTopic(n, num_partitions=3, replication_factor=1) for n in names]).values():
         fut.result(15)
     contracts = [Contract(t, c.schema) for t in (TOPIC, AUDITED) for c in load_contracts() if c.topic == "incidents"]
+    contracts += [Contract(ANCHORS, c.schema) for c in load_contracts() if c.topic == "audit.anchors"]
     for contract in contracts:
         register(registry, contract)
     yield
@@ -385,14 +387,16 @@ def audit(
         service_database=AUDIT_DB,
         audit_topics=(AUDITED, f"{AUDITED}.dlq"),
         audit_signing_key_file=key_file,
+        audit_anchors_topic=ANCHORS,
         http_port=0,
     )
-    signer = Signer(load_or_create(key_file))
+    key, _ = load_or_create(key_file)
+    settings = settings.model_copy(update={"audit_public_keys": [public_key_text(key.public_key())]})
+    signer = Signer(key)
     ctx = prepare(audit_service.build_spec(settings, signer), settings)
     yield ctx, settings, signer
     ctx.pool.close()
-    with psycopg.connect(stack.pg_dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{AUDIT_DB}" WITH (FORCE)')
+    drop_outbox(stack, AUDIT_DB)  # it publishes its anchors: a connector and a slot
 
 
 def audit_count(stack: StackSettings) -> int:

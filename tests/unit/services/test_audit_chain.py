@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -14,15 +13,19 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from flotilla.keys import Keyring
 from flotilla.workflow import Status
-from services.audit import keys
 from services.audit.chain import (
     GENESIS,
+    Anchor,
+    AnchorCheck,
     ChainVerifier,
     Entry,
     Sealed,
     Signer,
+    anchor,
     canonical,
+    check_anchors,
     headers_json,
     link,
     seal,
@@ -74,7 +77,9 @@ def chain(signer: Signer, n: int) -> list[Sealed]:
 
 def check(signer: Signer, sealed: list[Sealed], head: Sealed | None = None) -> tuple[bool, int | None, str]:
     last = head or (sealed[-1] if sealed else None)
-    result = verify(sealed, signer.public_key, last.entry.seq if last else 0, last.entry_hash if last else GENESIS)
+    result = verify(
+        sealed, Keyring([signer.public_key]), last.entry.seq if last else 0, last.entry_hash if last else GENESIS
+    )
     broken = result.broken
     return result.ok, None if broken is None else broken.seq, "" if broken is None else broken.problem
 
@@ -183,7 +188,7 @@ def test_a_whole_chain_rebuilt_with_another_key_is_detected(signer: Signer) -> N
     forged = chain(forger, 3)
     ok, seq, problem = check(signer, forged)
     assert (ok, seq) == (False, 1)
-    assert "signed with key" in problem
+    assert "signed with key" in problem and "not trusted" in problem
 
 
 def test_a_deleted_entry_is_detected(signer: Signer) -> None:
@@ -217,7 +222,7 @@ def test_entries_cut_off_the_end_are_detected_against_the_chain_head(signer: Sig
 def test_the_verifier_takes_entries_in_batches_and_stops_at_the_first_break(signer: Signer) -> None:
     sealed = chain(signer, 6)
     tampered = replace(sealed[1], entry=replace(sealed[1].entry, offset=999))
-    verifier = ChainVerifier(signer.public_key)
+    verifier = ChainVerifier(Keyring([signer.public_key]))
     assert verifier.feed(sealed[:1]) is True
     assert verifier.feed([tampered, *sealed[2:4]]) is False
     result = verifier.finish(6, sealed[-1].entry_hash)
@@ -226,27 +231,105 @@ def test_the_verifier_takes_entries_in_batches_and_stops_at_the_first_break(sign
     assert result.as_json()["firstBroken"] == {"seq": 2, "problem": result.broken.problem}
 
 
+# -------------------------------------------------------------- anchors
+
+
+def _anchored(signer: Signer, sealed: list[Sealed], *seqs: int, at: datetime = T0) -> list[Anchor]:
+    return [anchor(q, sealed[q - 1].entry_hash, signer, at + timedelta(seconds=q)) for q in seqs]
+
+
+def _against(
+    signer: Signer, anchors: list[Anchor], sealed: list[Sealed], trusted: Keyring | None = None
+) -> AnchorCheck:
+    hashes = {s.entry.seq: s.entry_hash for s in sealed}
+    last = sealed[-1].entry.seq if sealed else 0
+    return check_anchors(anchors, trusted or Keyring([signer.public_key]), last, hashes)
+
+
+def test_an_honest_log_holds_against_its_anchors(signer: Signer) -> None:
+    sealed = chain(signer, 6)
+    result = _against(signer, _anchored(signer, sealed, 2, 4, 6), sealed)
+    assert result.broken is None and (result.checked, result.newest_seq) == (3, 6)
+
+
+def test_a_cut_tail_with_a_rewritten_head_is_caught_by_an_anchor(signer: Signer) -> None:
+    """The chain alone cannot tell: the owner deleted 5-6 and rewrote the head row to 4."""
+    sealed = chain(signer, 6)
+    anchors = _anchored(signer, sealed, 3, 6)
+    assert check(signer, sealed[:4])[0] is True  # consistent with itself
+    broken = _against(signer, anchors, sealed[:4]).broken
+    assert broken is not None and broken.seq == 5 and "tail was cut" in broken.problem
+
+
+def test_a_log_rebuilt_with_the_same_key_is_caught_by_the_anchors_published_before(signer: Signer) -> None:
+    sealed = chain(signer, 5)
+    anchors = _anchored(signer, sealed, 5)
+    rebuilt, previous = [], GENESIS
+    for seq in range(1, 6):  # entry 3 changed, every later hash and signature recomputed
+        item = seal(previous, entry(seq, ce_correlationid="incident-x") if seq == 3 else entry(seq), signer)
+        rebuilt.append(item)
+        previous = item.entry_hash
+    assert check(signer, rebuilt)[0] is True  # signed by the right key, linked, consistent
+    broken = _against(signer, anchors, rebuilt).broken
+    assert broken is not None and broken.seq == 5 and "rewritten" in broken.problem
+
+
+def test_forged_and_conflicting_anchors_are_reported(signer: Signer) -> None:
+    sealed = chain(signer, 4)
+    rogue = Signer(Ed25519PrivateKey.generate())
+    assert "untrusted key" in str(_against(signer, _anchored(rogue, sealed, 2), sealed).broken)
+    genuine = _anchored(signer, sealed, 2)[0]
+    tampered = replace(genuine, seq=3)
+    assert "forged" in str(_against(signer, [tampered], sealed).broken)
+    other = anchor(2, b"\x01" * 32, signer, T0)
+    assert "disagree" in str(_against(signer, [genuine, other], sealed).broken)
+
+
+def test_an_anchor_signature_survives_its_avro_round_trip(signer: Signer) -> None:
+    import io
+
+    from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+    from flotilla.contracts import load_contracts
+
+    made = anchor(7, b"\x02" * 32, signer, T0)
+    schema = parse_schema(next(c.schema for c in load_contracts() if c.full_name.endswith("ChainAnchored")))
+    buf = io.BytesIO()
+    value = {"eventId": "6f1c1b52-8a55-4d55-9c69-5e0f4b1e2a10", "seq": 7, "entryHash": made.entry_hash}
+    value.update(keyId=made.key_id, anchoredAt=made.anchored_at, signature=made.signature)
+    schemaless_writer(buf, schema, value)
+    back = schemaless_reader(io.BytesIO(buf.getvalue()), schema, None)
+    assert isinstance(back, dict)
+    decoded = Anchor(back["seq"], back["entryHash"], back["keyId"], back["anchoredAt"], back["signature"])
+    signer.public_key.verify(decoded.signature, decoded.message())
+
+
 # ------------------------------------------------------------ signing key
 
 
-def test_the_signing_key_is_created_once_with_mode_0600(tmp_path: Path) -> None:
-    path = tmp_path / "audit" / "signing-key.pem"
-    first = keys.load_or_create(path)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
-    again = keys.load_or_create(path)
-    assert Signer(first).key_id == Signer(again).key_id
+def test_the_audit_never_makes_its_own_key_and_trusts_only_configured_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flotilla.keys import load_or_create, public_key_text
+    from services.audit.settings import AuditSettings
 
-
-def test_a_file_that_is_not_an_ed25519_key_is_refused(tmp_path: Path) -> None:
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-
-    path = tmp_path / "ec.pem"
-    other = ec.generate_private_key(ec.SECP256R1())
-    path.write_bytes(other.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    with pytest.raises(ValueError, match="Ed25519"):
-        keys.load_or_create(path)
+    missing = AuditSettings(audit_signing_key_file=tmp_path / "gone.pem")
+    with pytest.raises(ValueError, match="never makes one itself"):
+        missing.signer()
+    assert not (tmp_path / "gone.pem").exists()
+    key, _ = load_or_create(tmp_path / "audit.pem")
+    other, _ = load_or_create(tmp_path / "other.pem")
+    settings = AuditSettings(audit_signing_key_file=tmp_path / "audit.pem")
+    signer = settings.signer()
+    with pytest.raises(ValueError, match="FLOTILLA_AUDIT_PUBLIC_KEYS is empty"):
+        settings.trusted_keys(signer)
+    wrong = settings.model_copy(update={"audit_public_keys": [public_key_text(other.public_key())]})
+    with pytest.raises(ValueError, match="not among"):
+        wrong.trusted_keys(signer)
+    both = settings.model_copy(
+        update={"audit_public_keys": [public_key_text(key.public_key()), public_key_text(other.public_key())]}
+    )
+    assert set(both.trusted_keys(signer)) == {signer.key_id, Signer(other).key_id}  # rotation: both trusted
 
 
 # --------------------------------------------------------------- timelines
