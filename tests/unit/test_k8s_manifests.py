@@ -89,6 +89,9 @@ SECRETS = {
     "flotilla-approvers",
     "flotilla-operators",
     "flotilla-audit-signing-key",
+    "flotilla-authorization-signing-key",  # policy only: it alone may authorize a command
+    "flotilla-proposal-signing-key",  # remediation only: it alone may propose
+    "flotilla-trusted-keys",  # the public keys each verifier trusts
     "flotilla-console-tls",
     "flotilla-sim-action-token",  # dev: the sim's action API admits only the executor
     # Made by Strimzi (production): one per KafkaUser, and the cluster CA (copied in).
@@ -459,6 +462,65 @@ def test_only_the_sim_and_the_executor_hold_the_sim_action_token(
         assert value["valueFrom"] == {"secretKeyRef": {"name": "flotilla-sim-action-token", "key": "token"}}, member
 
 
+# Who holds which private key, and which public keys each verifier reads (flotilla.keys).
+SIGNING_KEYS = {
+    "policy-service": ("FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE", "flotilla-authorization-signing-key"),
+    "remediation-agent": ("FLOTILLA_PROPOSAL_SIGNING_KEY_FILE", "flotilla-proposal-signing-key"),
+    "audit": ("FLOTILLA_AUDIT_SIGNING_KEY_FILE", "flotilla-audit-signing-key"),
+}
+TRUSTED_KEYS = {
+    "executor": ("FLOTILLA_AUTHORIZATION_PUBLIC_KEYS", "authorization.pub"),
+    "dlq-reconciler": ("FLOTILLA_AUTHORIZATION_PUBLIC_KEYS", "authorization.pub"),
+    "policy-service": ("FLOTILLA_PROPOSAL_PUBLIC_KEYS", "proposal.pub"),
+    "audit": ("FLOTILLA_AUDIT_PUBLIC_KEYS", "audit.pub"),
+}
+
+
+def _mounted_file(spec: dict[str, Any], container: dict[str, Any], path: str) -> tuple[str, str]:
+    """(Secret, key) that a file path inside a container comes from; fails if no read-only
+    Secret volume holds it."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in container.get("volumeMounts", []):
+        directory = mount["mountPath"].rstrip("/") + "/"
+        if not path.startswith(directory):
+            continue
+        assert mount.get("readOnly") is True, f"{mount['name']} holds key material and is writable"
+        assert "subPath" not in mount, "subPath mounts do not follow a rotated Secret"
+        secret = volumes[mount["name"]]["secret"]
+        name = path[len(directory) :]
+        items = {i["path"]: i["key"] for i in secret.get("items", [])} or {name: name}
+        assert name in items, f"{path}: not an item of {secret['secretName']}"
+        return secret["secretName"], items[name]
+    raise AssertionError(f"{path} is in no mounted volume")
+
+
+def test_each_key_is_held_by_its_one_service(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    """A signing key is mounted into the one member that signs with it and no other; each
+    verifier reads its trusted public keys from the flotilla-trusted-keys Secret (a file per
+    role, so rotation is an edit of one Secret and a restart)."""
+    key_secrets = {secret for _, secret in SIGNING_KEYS.values()}
+    for workload in workloads(objects):
+        member = member_of(workload)
+        spec = workload["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        env = container_env(objects, container)
+        mounted = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+        signing = SIGNING_KEYS.get(member)
+        assert mounted & key_secrets == ({signing[1]} if signing else set()), f"{member} mounts {mounted}"
+        if signing:
+            setting, secret = signing
+            assert _mounted_file(spec, container, env[setting]) == (secret, "signing-key.pem"), member
+        trusted = TRUSTED_KEYS.get(member)
+        public_settings = {k for k in env if k.endswith("_PUBLIC_KEYS")}
+        assert public_settings == ({trusted[0]} if trusted else set()), f"{member}: {public_settings}"
+        if trusted:
+            setting, item = trusted
+            entries = json.loads(env[setting])
+            assert entries, f"{member}: {setting} is empty"
+            for entry in entries:
+                assert _mounted_file(spec, container, entry) == ("flotilla-trusted-keys", item), member
+
+
 def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
     refs = {(owner, name): ref for owner, name, ref in _secret_refs(objects)}
     for owner, name in [
@@ -525,7 +587,7 @@ def test_kafka_connectors_are_the_python_outbox_definition(objects: tuple[dict[s
         # ... with the allowlist of the service's topics, as the service registers it itself
         assert config == outbox_connector_config(database, topics=member.emits), ident(connector)
         by_database[database] = connector
-    publishing = {m.database for m in FLEET if m.database is not None and m.name != "audit"}
+    publishing = {m.database for m in FLEET if m.database is not None and m.emits}  # the audit too: its anchors
     assert set(by_database) == publishing
 
 
@@ -661,14 +723,15 @@ def _produces(topics: set[str]) -> set[Grant]:
 def _member_kafka_access(member: str) -> tuple[set[str], set[str]]:
     """(topics consumed, topics produced) by a member's own Kafka clients, from its code:
     a decoding loop consumes its spec's topics and dead-letters to ``<topic>.dlq``; the
-    audit and the DLQ reconciler read raw loops, and the reconciler re-queues to the
-    origin topic. Everything else leaves through the outbox (Kafka Connect)."""
+    audit and the DLQ reconciler read raw loops (the audit also reads its anchors back),
+    and the reconciler re-queues to the origin topic. Everything else leaves through the outbox (Kafka Connect)."""
     from flotilla.deadletter import dlq_topic
     from services.audit.settings import AuditSettings
     from services.dlq_reconciler.settings import DlqSettings
 
     if member == "audit":
-        return set(AuditSettings().audit_topics), set()
+        settings = AuditSettings()  # its raw loop, and /verify reading its anchors back
+        return {*settings.audit_topics, settings.audit_anchors_topic}, set()
     if member == "dlq-reconciler":
         dlqs = set(DlqSettings().dlq_topics)
         return dlqs, {t.removesuffix(".dlq") for t in dlqs}
