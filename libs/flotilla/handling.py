@@ -18,6 +18,7 @@ from flotilla import metrics
 from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox, OutboxRow
+from flotilla.serde import AvroSerde
 from flotilla.workflow import IncidentState
 
 
@@ -98,6 +99,11 @@ class HandlerContext:
         metrics.count_produced(self._source, topic, record_type)
         self.emitted.append(envelope)
         return envelope
+
+    @property
+    def serde(self) -> AvroSerde:
+        """The service's serde: to keep a record for later (``flotilla.deferred``)."""
+        return self._outbox.serde
 
     def spend_tokens(self, tokens: int) -> None:
         """Charge LLM tokens to the incident's budget."""

@@ -107,6 +107,10 @@ class Outbox:
         self._serde = serde
         self._topics = None if topics is None else frozenset(topics)
 
+    @property
+    def serde(self) -> AvroSerde:
+        return self._serde
+
     def row(self, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> OutboxRow:
         """Serialize ``value`` as ``envelope.type`` for ``topic``: the row to insert.
 

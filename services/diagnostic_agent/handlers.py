@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler, HandlerContext
 from flotilla.runner import ServiceContext
@@ -42,6 +43,7 @@ from services.reasoner.records import (
 log = logging.getLogger(__name__)
 
 PROBE_JOB = "dependency-probe"
+DIAGNOSE = "diagnose"  # the kind of deferred work: a request waiting for evidence and a verdict
 
 # Emits one record on ``incidents`` for the incident at hand: (record type, value) -> envelope.
 Emit = Callable[[str, dict[str, Any]], Envelope]
@@ -69,6 +71,14 @@ class DiagnosticAgent:
         self.reasoner = reasoner
         self.sim = sim
         self.started_by = settings.instance_id or settings.service_name
+        self.worker: Worker[Diagnosis | ReasoningFailed | SimUnavailable] = Worker(
+            DIAGNOSE,
+            gather=self.observe_and_reason,
+            decide=self.decide,
+            give_up=self.give_up,
+            lease_seconds=settings.diagnose_lease_seconds,
+            retry_seconds=settings.diagnostic_job_retry_seconds,
+        )
 
     def handlers(self, ctx: ServiceContext) -> dict[str, Handler]:
         return {DIAGNOSIS_REQUESTED: self.on_diagnosis_requested}
@@ -76,38 +86,79 @@ class DiagnosticAgent:
     # ------------------------------------------------------------- consumer
 
     def on_diagnosis_requested(self, ctx: HandlerContext) -> None:
-        request = Request.from_value(ctx.incoming.value)
-        now = datetime.now(UTC)
+        """Nothing slow here: a slow job at once, or the request deferred to a worker that
+        observes and reasons with no transaction open (``flotilla.deferred``)."""
         if self.settings.diagnostic_job_seconds > 0:
-            self._start_job(ctx, request, PROBE_JOB, self.settings.diagnostic_job_seconds, now)
+            request = Request.from_value(ctx.incoming.value)
+            self._start_job(ctx, request, PROBE_JOB, self.settings.diagnostic_job_seconds, datetime.now(UTC))
             return
+        defer(ctx, DIAGNOSE, contract_topic=INCIDENTS, deadline_seconds=self.settings.diagnostic_job_deadline_seconds)
+
+    # ------------------------------------------- worker: no transaction open
+
+    def observe_and_reason(self, ctx: ServiceContext, work: Work) -> Diagnosis | ReasoningFailed | SimUnavailable:
+        """The slow part of a diagnosis: the sim, the baselines (one quick read) and the
+        reasoner. A sim that does not answer is returned, not raised: a job retries it."""
+        request = Request.from_value(work.record.value)
         try:
-            topology = self._observe(ctx.conn)
+            snapshot = self.sim.snapshot()
         except SimUnavailable as exc:
-            log.warning("%s: no evidence yet (%s); retrying in a job", request.incident_id, exc)
-            self._start_job(ctx, request, PROBE_JOB, self.settings.diagnostic_job_retry_seconds, now)
-            return
+            return exc
+        with ctx.pool.connection() as conn:
+            topology = baselines.with_baselines(conn, snapshot)
         evidence = DiagnosticEvidence(
             request.incident_id, request.service, request.environment, request.symptom, topology
         )
-        outcome = self._reason(evidence)
-        ctx.spend_tokens(outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total)
+        return self._reason(evidence)
+
+    # ------------------------------------------ worker: one short transaction
+
+    def decide(self, finish: Finish, outcome: Diagnosis | ReasoningFailed | SimUnavailable) -> str:
+        request = Request.from_value(finish.incoming.value)
+        if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
+            log.info("%s: no diagnosis, the incident is %s now", request.incident_id, finish.state.status)
+            return "abandoned"
+        now = finish.now
+        if isinstance(outcome, SimUnavailable):
+            log.warning("%s: no evidence yet (%s); retrying in a job", request.incident_id, outcome)
+            return self._start_job(finish, request, PROBE_JOB, self.settings.diagnostic_job_retry_seconds, now)
+        finish.spend_tokens(
+            outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total
+        )
 
         def emit(record_type: str, value: dict[str, Any]) -> Envelope:
-            return ctx.emit(INCIDENTS, request.incident_id, record_type, value)
+            return finish.emit(INCIDENTS, request.incident_id, record_type, value)
 
+        cause = finish.incoming.envelope.id
         if isinstance(outcome, ReasoningFailed):
-            self._escalate(
-                ctx.conn, emit, request.incident_id, outcome, ctx.incoming.envelope.id, ctx.incoming.record_type, now
+            envelope = self._escalate(
+                finish.conn, emit, request.incident_id, outcome, cause, finish.incoming.record_type, now
             )
-        elif outcome.verdict is Verdict.NEEDS_EVIDENCE:
-            self._start_job(
-                ctx, request, outcome.job_kind or PROBE_JOB, self.settings.diagnostic_evidence_job_seconds, now
-            )
-        else:
-            self._emit_diagnosis(ctx.conn, emit, outcome, None, now)
+            return envelope.type
+        if outcome.verdict is Verdict.NEEDS_EVIDENCE:
+            seconds = self.settings.diagnostic_evidence_job_seconds
+            return self._start_job(finish, request, outcome.job_kind or PROBE_JOB, seconds, now)
+        return self._emit_diagnosis(finish.conn, emit, outcome, None, now).type
 
-    def _start_job(self, ctx: HandlerContext, request: Request, kind: str, seconds: float, now: datetime) -> None:
+    def give_up(self, finish: Finish, error: str) -> str:
+        """The reasoner kept failing (not the sim: that becomes a job) until the deadline."""
+        request = Request.from_value(finish.incoming.value)
+        if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
+            return "abandoned"
+
+        def emit(record_type: str, value: dict[str, Any]) -> Envelope:
+            return finish.emit(INCIDENTS, request.incident_id, record_type, value)
+
+        failure = ReasoningFailed(f"no diagnosis before the deadline ({error[:200]})", reasoner=self.reasoner.name)
+        envelope = self._escalate(
+            finish.conn, emit, request.incident_id, failure, finish.incoming.envelope.id,
+            finish.incoming.record_type, finish.now,
+        )  # fmt: skip
+        return envelope.type
+
+    def _start_job(
+        self, ctx: HandlerContext | Finish, request: Request, kind: str, seconds: float, now: datetime
+    ) -> str:
         job_id = str(uuid.uuid4())
         due = now + timedelta(seconds=seconds)
         deadline = due + timedelta(seconds=self.settings.diagnostic_job_deadline_seconds)
@@ -139,6 +190,7 @@ class DiagnosticAgent:
             started=started,
         )
         log.info("%s: %s job %s due %s", request.incident_id, kind, job_id, due.isoformat())
+        return DIAGNOSTIC_JOB_STARTED
 
     # ------------------------------------------------------ periodic: jobs
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flotilla import deferred
 from flotilla.runner import Periodic, ServiceContext, ServiceSpec
 from services import fleet
 from services.diagnostic_agent.handlers import DiagnosticAgent
 from services.diagnostic_agent.settings import DiagnosticSettings
 from services.reasoner import Reasoner, SimClient, failures, make_reasoner
 
-MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION)
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
 
 
 def build_spec(
@@ -34,6 +35,7 @@ def build_spec(
         agent.learn_baselines(ctx)
 
     periodic: list[Periodic] = [(settings.diagnostic_job_poll_seconds, finish_due_jobs)]
+    periodic.extend(agent.worker.periodic(settings.diagnose_workers))
     if settings.baseline_seconds > 0:
         periodic.append((settings.baseline_seconds, learn_baselines))
     spec = ServiceSpec(

@@ -1,11 +1,16 @@
 """The remediation agent: a diagnosis → RecoveryProposed (or an escalation).
 
-On DependencyFailureSuspected or DiagnosisConcluded the agent reads the topology from
-the sim, asks the reasoner for a plan, turns its steps into exact command records with
-idempotency keys and expiry, digests them, stores the proposal and emits RecoveryProposed
-— one transaction. Nothing here authorizes anything: the policy service decides.
-A reasoner that cannot plan escalates the incident; a sim that does not answer makes the
-handler fail, so the consumer retries and finally dead-letters the diagnosis.
+On DependencyFailureSuspected or DiagnosisConcluded the handler only *defers* the
+diagnosis (``flotilla.deferred``): one row, committed with the record's claim, so the
+partition moves on at once. A worker thread then reads the topology from the sim and asks
+the reasoner for a plan with no transaction open — a model that takes a minute holds no
+lock and delays no other incident — and, in one short transaction, turns the plan's steps
+into exact command records with idempotency keys and expiry, digests and signs them,
+stores the proposal and emits RecoveryProposed, caused by the diagnosis. Nothing here
+authorizes anything: the policy service decides.
+
+A reasoner that cannot plan escalates the incident; a sim or model server that does not
+answer is asked again until the work's deadline, then the incident is escalated.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from flotilla.authority import Signer, attest_proposal
+from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.digest import canonical_json
 from flotilla.handling import Handler, HandlerContext
 from flotilla.runner import ServiceContext
+from flotilla.workflow import accepts
 from services.reasoner import Proposal, Reasoner, ReasoningFailed, SimClient
 from services.reasoner.failures import escalation_reason, record_failure
 from services.reasoner.records import (
@@ -35,6 +42,8 @@ from services.remediation_agent.settings import RemediationSettings
 
 log = logging.getLogger(__name__)
 
+PROPOSE = "propose"  # the kind of deferred work: a diagnosis waiting for a plan
+
 
 class RemediationAgent:
     """The agent's behaviour; the ServiceSpec wires it to the runtime."""
@@ -45,54 +54,85 @@ class RemediationAgent:
         self.sim = sim
         self.signer = signer  # attests every proposal: the policy service believes nothing else
         self.proposed_by = settings.instance_id or settings.service_name
+        self.worker: Worker[Proposal | ReasoningFailed] = Worker(
+            PROPOSE,
+            gather=self.plan,
+            decide=self.decide,
+            give_up=self.give_up,
+            lease_seconds=settings.propose_lease_seconds,
+            retry_seconds=settings.propose_retry_seconds,
+        )
 
     def handlers(self, ctx: ServiceContext) -> dict[str, Handler]:
         return {record_type: self.on_diagnosis for record_type in DIAGNOSES}
 
+    # ------------------------------------------------------------- consumer
+
     def on_diagnosis(self, ctx: HandlerContext) -> None:
-        diagnosis = diagnosis_from_record(ctx.incoming.record_type, ctx.incoming.value)
-        now = datetime.now(UTC)
-        topology = self.sim.snapshot()  # SimUnavailable: retried by the loop, then dead-lettered
+        defer(ctx, PROPOSE, contract_topic=INCIDENTS, deadline_seconds=self.settings.propose_deadline_seconds)
+
+    # ------------------------------------------- worker: no transaction open
+
+    def plan(self, ctx: ServiceContext, work: Work) -> Proposal | ReasoningFailed:
+        """The slow part: the sim's topology and the reasoner's plan (SimUnavailable, or
+        a model server that does not answer, raise: the worker tries again later)."""
+        diagnosis = diagnosis_from_record(work.record.record_type, work.record.value)
+        topology = self.sim.snapshot()
         try:
-            proposal = self.reasoner.propose(diagnosis, topology)
+            return self.reasoner.propose(diagnosis, topology)
         except ReasoningFailed as failure:
             log.warning("%s: %s reasoner failed: %s", diagnosis.incident_id, failure.reasoner, failure.reason)
-            ctx.spend_tokens(failure.usage.total)
-            self._escalate(ctx, diagnosis.incident_id, failure, escalation_reason(failure, "propose a recovery"), now)
-            return
-        ctx.spend_tokens(proposal.reasoning.usage.total)
+            return failure
+
+    # ------------------------------------------ worker: one short transaction
+
+    def decide(self, finish: Finish, outcome: Proposal | ReasoningFailed) -> str:
+        incident = finish.work.incident_id
+        if not accepts(finish.state, RECOVERY_PROPOSED):
+            log.info("%s: no proposal, the incident is %s now", incident, finish.state.status)
+            return "abandoned"
+        if isinstance(outcome, ReasoningFailed):
+            finish.spend_tokens(outcome.usage.total)
+            return self._escalate(finish, incident, outcome, escalation_reason(outcome, "propose a recovery"))
+        finish.spend_tokens(outcome.reasoning.usage.total)
         try:
             value = proposal_value(
-                proposal,
+                outcome,
                 proposal_id=str(uuid.uuid4()),
                 proposed_by=self.proposed_by,
-                now=now,
+                now=finish.now,
                 ttl=timedelta(seconds=self.settings.command_ttl_seconds),
             )
         except InvalidPlan as exc:
             # Asking the reasoner again would give the same plan: a person takes over.
-            unplannable = ReasoningFailed(
-                str(exc), reasoner=proposal.reasoning.reasoner, usage=proposal.reasoning.usage
-            )
-            reason = f"the recovery plan cannot be proposed: {exc}"
-            self._escalate(ctx, diagnosis.incident_id, unplannable, reason, now)
-            return
-        self._propose(ctx, proposal, attest_proposal(self.signer, value, now=now))
+            unplannable = ReasoningFailed(str(exc), reasoner=outcome.reasoning.reasoner, usage=outcome.reasoning.usage)
+            return self._escalate(finish, incident, unplannable, f"the recovery plan cannot be proposed: {exc}")
+        self._propose(finish, outcome, attest_proposal(self.signer, value, now=finish.now))
+        return RECOVERY_PROPOSED
 
-    def _escalate(
-        self, ctx: HandlerContext, incident: str, failure: ReasoningFailed, reason: str, now: datetime
-    ) -> None:
+    def give_up(self, finish: Finish, error: str) -> str:
+        """Still no plan at the work's deadline (the sim or the model server kept failing)."""
+        if not accepts(finish.state, INCIDENT_ESCALATED):
+            return "abandoned"
+        failure = ReasoningFailed(f"no plan before the deadline ({error[:200]})", reasoner=self.reasoner.name)
+        return self._escalate(
+            finish, finish.work.incident_id, failure, escalation_reason(failure, "propose a recovery")
+        )
+
+    @staticmethod
+    def _escalate(ctx: Finish, incident: str, failure: ReasoningFailed, reason: str) -> str:
         value = escalation_record(
             incident,
             reason=reason,
             cause_event_id=ctx.incoming.envelope.id,
             cause_type=ctx.incoming.record_type,
-            now=now,
+            now=ctx.now,
         )
         envelope = ctx.emit(INCIDENTS, incident, INCIDENT_ESCALATED, value)
         record_failure(ctx.conn, incident_id=incident, escalation_event_id=envelope.id, failure=failure)
+        return INCIDENT_ESCALATED
 
-    def _propose(self, ctx: HandlerContext, proposal: Proposal, value: dict[str, Any]) -> None:
+    def _propose(self, ctx: Finish, proposal: Proposal, value: dict[str, Any]) -> None:
         proposal_id = value["proposalId"]
         envelope = ctx.emit(INCIDENTS, proposal.incident_id, RECOVERY_PROPOSED, value)
         steps: list[dict[str, Any]] = value["steps"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flotilla import deferred
 from flotilla.runner import ServiceSpec
 from services import fleet
 from services.reasoner import Reasoner, SimClient, failures, make_reasoner
 from services.remediation_agent.handlers import RemediationAgent
 from services.remediation_agent.settings import RemediationSettings
 
-MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION)
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
 
 
 def build_spec(
@@ -33,5 +34,6 @@ def build_spec(
         topics=("incidents",),
         handlers=agent.handlers,
         migrations=MIGRATIONS,
+        periodic=agent.worker.periodic(settings.propose_workers),
     )
     return spec, agent

@@ -24,6 +24,15 @@ class RemediationSettings(AgentSettings):
     # The Ed25519 key this agent signs its proposals with: the policy service decides only
     # on proposals a trusted agent signed (a file or mounted Secret, never the repository).
     proposal_signing_key_file: Path | None = None
+    # Planning runs outside the consumer's transaction (flotilla.deferred), on this many
+    # threads: one slow model answer delays only its own incident.
+    propose_workers: int = Field(4, ge=1, le=32)
+    # A worker owns a diagnosis this long; longer than the reasoner's worst case (the sim's
+    # 5 s, the LLM's 60 s timeout with 2 transport retries, twice for a rejected answer).
+    propose_lease_seconds: float = Field(420.0, gt=0)
+    propose_retry_seconds: float = Field(2.0, gt=0)  # after a sim or model server that did not answer
+    # Still no plan this long after the diagnosis: escalate to a person.
+    propose_deadline_seconds: float = Field(600.0, gt=0)
 
     def proposal_signer(self) -> Signer:
         return required_signer(

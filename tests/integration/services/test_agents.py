@@ -13,18 +13,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from flotilla import deadletter
 from flotilla.authority import verify_proposal
 from flotilla.bootstrap import drop_outbox
 from flotilla.consumer import ConsumerLoop
 from flotilla.envelope import Envelope
 from flotilla.keys import Keyring
-from flotilla.runner import ServiceContext, build_loop, prepare
+from flotilla.runner import ServiceContext, build_loop, prepare, start_periodic
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.testing.producing import ordered_producer
@@ -45,7 +43,6 @@ from services.remediation_agent import RemediationSettings
 from services.remediation_agent import build_spec as remediation_spec
 from services.remediation_agent.plan import digest_matches
 from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, ThreadedServer, diagnosis_answer, hallucinated
-from tests.integration.kafka_wait import header, wait_for
 from tests.signing import AGENT_KEY, AGENT_SIGNER, write_key
 
 pytestmark = pytest.mark.timeout(240)
@@ -269,6 +266,13 @@ def drain(loop: ConsumerLoop, expected: int, timeout: float = 60) -> None:
         loop.run()  # returns at once and closes the consumer
 
 
+def run_deferred(ctx: ServiceContext) -> None:
+    """What the service's worker threads do after the loop deferred a record: every
+    periodic task once (the remediation agent's are its planning workers)."""
+    for _, task in ctx.spec.periodic:
+        task(ctx)
+
+
 def outbox(ctx: ServiceContext, incident: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(type, decoded value, headers) of what the service wrote for the incident, in order."""
     with ctx.pool.connection() as conn:
@@ -317,11 +321,13 @@ def test_diagnosis_requested_becomes_dependency_failure_suspected(
     fake_sim: FakeSim,
     topic: str,
 ) -> None:
-    ctx, _ = diagnostic
+    ctx, agent = diagnostic
     incident = new_incident()
     records = incident_opened(incident)
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 2)
+    assert outbox(ctx, incident) == []  # deferred: nothing slow in the consumer's transaction
+    assert agent.worker.run_due(ctx) == 1
 
     written = outbox(ctx, incident)
     assert len(written) == 1, what_the_loop_did(ctx, incident, [env.id for _, env in records])
@@ -352,10 +358,11 @@ def test_a_model_answering_garbage_twice_escalates_and_diagnoses_nothing(
     llm.reset()
     llm.script(MALFORMED, hallucinated(diagnosis_answer(incident)))
     reasoner = LLMReasoner(base_url=llm.base_url, model="test-model", timeout=10, max_retries=0)
-    llm_ctx, _ = with_reasoner(ctx, reasoner)
+    llm_ctx, llm_agent = with_reasoner(ctx, reasoner)
     records = incident_opened(incident)
     produce(stack, topic, serde, records)
     drain(on_topic(llm_ctx, topic), 2)
+    llm_agent.worker.run_due(llm_ctx)
 
     written = outbox(ctx, incident)
     assert [t for t, _, _ in written] == [INCIDENT_ESCALATED]  # and no diagnosis
@@ -466,6 +473,7 @@ def test_a_sim_that_does_not_answer_is_retried_through_a_job(
     fake_sim.available = False
     produce(stack, topic, serde, incident_opened(incident))
     drain(on_topic(ctx, topic), 2)
+    agent.worker.run_due(ctx)  # no evidence: the deferred diagnosis becomes a job
     [(record_type, started, _)] = outbox(ctx, incident)
     assert record_type == DIAGNOSTIC_JOB_STARTED  # not a dead letter
     job_id = str(started["jobId"])
@@ -491,6 +499,7 @@ def test_a_job_past_its_deadline_without_evidence_escalates(
     fake_sim.available = False
     produce(stack, topic, serde, incident_opened(incident))
     drain(on_topic(ctx, topic), 2)
+    agent.worker.run_due(ctx)  # no evidence: the deferred diagnosis becomes a job
     [(_, started, started_headers)] = outbox(ctx, incident)
     deadline = scalar(ctx, "SELECT deadline FROM diagnostic_jobs WHERE job_id = %s", str(started["jobId"]))
     assert agent.finish_one(ctx, now=deadline + timedelta(seconds=1)) == INCIDENT_ESCALATED
@@ -516,6 +525,8 @@ def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
     records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 3)
+    assert outbox(ctx, incident) == []  # the handler only deferred the diagnosis
+    run_deferred(ctx)
 
     [(record_type, proposal, headers)] = outbox(ctx, incident)
     assert record_type == RECOVERY_PROPOSED
@@ -559,6 +570,7 @@ def test_a_model_that_cannot_plan_escalates_instead_of_proposing(
     records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
     produce(stack, topic, serde, records)
     drain(on_topic(llm_ctx, topic), 3)
+    run_deferred(llm_ctx)
 
     assert [t for t, _, _ in outbox(ctx, incident)] == [INCIDENT_ESCALATED]
     assert scalar(ctx, "SELECT count(*) FROM proposals WHERE incident_id = %s", incident) == 0
@@ -611,14 +623,16 @@ def test_a_job_that_keeps_failing_is_retried_until_its_deadline_then_escalated(
     assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, INCIDENT_ESCALATED]
 
 
-def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_dead_lettered(
+def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_retried_then_escalated(
     stack: StackSettings,
     serde: AvroSerde,
     remediation: tuple[ServiceContext, RemediationSettings],
     fake_sim: FakeSim,
     topic: str,
 ) -> None:
-    ctx, _ = remediation
+    ctx, settings = remediation
+    spec, agent = remediation_spec(settings)
+    ctx = ServiceContext(spec, settings, ctx.pool, ctx.serde)
     incident = new_incident()
     records = incident_opened(incident)
     diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
@@ -628,15 +642,95 @@ def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_dead_lette
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 3)
 
-    assert outbox(ctx, incident) == []  # no proposal without a topology
-    reader = Consumer(
-        {"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
-    )
-    reader.subscribe([deadletter.dlq_topic(topic)])
+    assert agent.worker.run_one(ctx) == "retry"  # no proposal without a topology
+    assert outbox(ctx, incident) == []
+    sql = "SELECT {} FROM deferred_work WHERE incident_id = %s"
+    assert "SimUnavailable" in scalar(ctx, sql.format("last_error"), incident)
+    deadline = scalar(ctx, sql.format("deadline"), incident)
+    assert agent.worker.run_one(ctx, now=deadline) == INCIDENT_ESCALATED  # a person is told, nothing is lost
+    assert agent.worker.run_one(ctx, now=deadline + timedelta(hours=1)) is None  # once
+    [(record_type, escalated, headers)] = outbox(ctx, incident)
+    assert record_type == INCIDENT_ESCALATED and headers["causationid"] == diagnosis_env.id
+    assert "no plan before the deadline" in escalated["reason"]
+
+
+class _SlowFor(RulesReasoner):
+    """The rules reasoner, but its plans for one incident take ``seconds`` (a slow model)."""
+
+    def __init__(self, incident: str, seconds: float) -> None:
+        super().__init__()
+        self.incident, self.seconds = incident, seconds
+        self.thinking = threading.Event()
+
+    def propose(self, diagnosis: Diagnosis, topology: Topology) -> Any:
+        if diagnosis.incident_id == self.incident:
+            self.thinking.set()
+            time.sleep(self.seconds)
+        return super().propose(diagnosis, topology)
+
+
+def _diagnosed(incident: str) -> list[tuple[dict[str, Any], Envelope]]:
+    records = incident_opened(incident)
+    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
+    _, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
+    return [*records, ({"eventId": diagnosis_env.id, **value}, diagnosis_env)]
+
+
+def test_a_model_taking_30_s_delays_no_other_incident_and_holds_no_transaction(
+    stack: StackSettings,
+    serde: AvroSerde,
+    remediation: tuple[ServiceContext, RemediationSettings],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    """Two incidents on one partition, the first one's model answering after 30 s: the
+    second is proposed within seconds, and while the model thinks no transaction of the
+    agent's database is open for longer than a moment (no claim, no row lock held)."""
+    base, settings = remediation
+    slow, fast = new_incident(), new_incident()
+    reasoner = _SlowFor(slow, 30.0)
+    spec, _ = remediation_spec(settings, reasoner=reasoner)
+    ctx = ServiceContext(spec, settings, base.pool, base.serde)
+    produce(stack, topic, serde, [*_diagnosed(slow), *_diagnosed(fast)])  # one partition: slow first
+    loop = on_topic(ctx, topic)
+    consuming = threading.Thread(target=loop.run, daemon=True)
+    consuming.start()
+    workers = start_periodic(ctx)
     try:
-        letter = wait_for(reader, lambda m: True, timeout=30)
+        assert reasoner.thinking.wait(30), "the slow incident's plan never started"
+        started = time.monotonic()
+        longest_open: float = 0.0
+        while not outbox(ctx, fast):
+            assert time.monotonic() - started < 15, "the second incident waited for the first one's model"
+            longest_open = max(longest_open, _longest_open_transaction(base, settings.service_database))
+            time.sleep(0.2)
+        fast_after = time.monotonic() - started
+        while time.monotonic() - started < 5:  # the model is still thinking: look for held transactions
+            longest_open = max(longest_open, _longest_open_transaction(base, settings.service_database))
+            time.sleep(0.2)
+        assert outbox(ctx, slow) == []  # still thinking
+        assert longest_open < 2.0, f"a transaction stayed open {longest_open:.1f} s while the model thought"
+        deadline = time.monotonic() + 60
+        while not outbox(ctx, slow):
+            assert time.monotonic() < deadline, "the slow incident's proposal never came"
+            time.sleep(0.5)
     finally:
-        reader.close()
-    assert header(letter, "ce_id") == diagnosis_env.id.encode()
-    assert header(letter, deadletter.REASON) == b"retries-exhausted"
-    assert header(letter, deadletter.ERROR_CLASS) == b"SimUnavailable"
+        ctx.stopping.set()
+        loop.stop()
+        consuming.join(30)
+        for worker in workers:
+            worker.join(40)
+    assert [t for t, _, _ in outbox(ctx, fast)] == [RECOVERY_PROPOSED]
+    assert [t for t, _, _ in outbox(ctx, slow)] == [RECOVERY_PROPOSED]
+    print(f"second incident proposed {fast_after:.2f} s after the first one's model call began")
+
+
+def _longest_open_transaction(ctx: ServiceContext, database: str) -> float:
+    """Seconds the oldest open transaction of ``database`` (not ours) has been open."""
+    age = scalar(
+        ctx,
+        "SELECT COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0) FROM pg_stat_activity "
+        "WHERE datname = %s AND xact_start IS NOT NULL AND pid <> pg_backend_pid()",
+        database,
+    )
+    return float(age)
