@@ -171,8 +171,11 @@ def member_env(member: Member, fleet_secrets: FleetSecrets) -> dict[str, str]:
     env.update(fleet_secrets.for_member(member))
     # Demo-friendly defaults an operator can override from the calling environment (not
     # the fleet's secrets: those are its own files, and every member would get them).
+    # OpenTelemetry's OTEL_* too (flotilla.tracing), but not OTEL_SERVICE_NAME: each
+    # member is named after itself.
     for key, value in os.environ.items():
-        if key.startswith("FLOTILLA_") and key not in env and key not in FLEET_SECRET_SETTINGS:
+        passed = key.startswith("FLOTILLA_") or (key.startswith("OTEL_") and key != "OTEL_SERVICE_NAME")
+        if passed and key not in env and key not in FLEET_SECRET_SETTINGS:
             env[key] = value
     return env
 

@@ -39,7 +39,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from psycopg_pool import ConnectionPool
 
-from flotilla import dedupe, metrics
+from flotilla import dedupe, metrics, tracing
 from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused
@@ -505,27 +505,41 @@ class ConsumerLoop:
     def _apply(
         self, conn: psycopg.Connection[Any], incoming: Incoming, states: States, pending: list[OutboxRow]
     ) -> None:
-        """Workflow check, budgets, handler, state: the claim is already made."""
+        """Workflow check, budgets, handler, state: the claim is already made. One span per
+        record this service handles (every service reads every record of ``incidents``; the
+        ones it only steps its workflow over are not worth a span each)."""
+        if incoming.record_type not in self._handlers:
+            self._apply_traced(conn, incoming, states, pending)
+            return
+        with tracing.handling_span(self.config.name, incoming) as span:
+            tracing.set_outcome(span, self._apply_traced(conn, incoming, states, pending))
+
+    def _apply_traced(
+        self, conn: psycopg.Connection[Any], incoming: Incoming, states: States, pending: list[OutboxRow]
+    ) -> str:
         state: IncidentState | None = None
         if self.config.follow_workflow and is_workflow_record(incoming.record_type):
             state = states.get(incoming.envelope.correlationid)
             if not accepts(state, incoming.record_type):
                 self._record_stale(conn, incoming, state)
-                return
+                return "stale"
             if self.config.budgets is not None:
                 exceeded = overrun(state, self.config.budgets, datetime.now(UTC))
                 if exceeded is not None:
                     self._escalate(conn, incoming, state, exceeded, states, pending)
-                    return
+                    return "escalated"
         ctx = HandlerContext(conn, incoming, state, self._outbox, self.config.source, pending)
         handler = self._handlers.get(incoming.record_type)
+        outcome = "ignored"
         if handler is not None:
             with metrics.HANDLER_SECONDS.labels(self.config.name, incoming.record_type).time():
                 handler(ctx)
             metrics.RECORDS_HANDLED.labels(self.config.name, incoming.record_type).inc()
+            outcome = "handled"
         if state is not None:
             advanced = transition(state, incoming.record_type, event_id=incoming.envelope.id, at=datetime.now(UTC))
             states.put(replace(advanced, tokens_used=advanced.tokens_used + ctx.tokens_spent))
+        return outcome
 
     # ------------------------------------------------------------ side branches
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from flotilla import tracing
+
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/avro"
 DEFAULT_HOPS = 16
@@ -46,11 +48,12 @@ _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
 def child_traceparent(parent: str) -> str:
-    """The same trace with a new span id; a fresh trace when ``parent`` is not valid W3C."""
+    """The same trace, parented by the span being recorded (the handler's, when tracing is
+    on) or else by a new span id; a fresh trace when ``parent`` is not valid W3C."""
     match = _TRACEPARENT.fullmatch(parent)
     if not match or match.group(1) == "0" * 32:
         return new_traceparent()
-    return f"00-{match.group(1)}-{secrets.token_hex(8)}-{match.group(3)}"
+    return tracing.current_traceparent(match.group(1)) or f"00-{match.group(1)}-{secrets.token_hex(8)}-{match.group(3)}"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ class Envelope:
     hops: int = DEFAULT_HOPS
     traceparent: str = field(default_factory=new_traceparent)
     specversion: str = SPEC_VERSION
+
+    @property
+    def trace_id(self) -> str | None:
+        """The W3C trace id this record belongs to; None when its traceparent is not valid."""
+        match = _TRACEPARENT.fullmatch(self.traceparent)
+        return match.group(1) if match else None
 
     def caused(self, type: str, source: str, *, id: str | None = None) -> Envelope:
         """The envelope of a record this one caused: new id, causation = this id, same

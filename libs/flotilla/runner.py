@@ -11,6 +11,7 @@ SIGTERM, finishing the batch in hand.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ import psycopg
 from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
 
-from flotilla import consumer, metrics
+from flotilla import consumer, metrics, tracing
 from flotilla.bootstrap import bootstrap_outbox, ensure_database
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.envelope import Envelope
@@ -61,11 +62,19 @@ class ServiceContext:
         scrape), inside the caller's transaction. With ``cause`` it continues that
         record's chain (causation, hops, trace); without, it starts a new one. Counted in
         ``flotilla_records_produced_total`` once appended, like a handler's emit."""
-        envelope = (
-            cause.caused(record_type, self.source)
-            if cause is not None
-            else Envelope(type=record_type, source=self.source, correlationid=correlation)
-        )
+        if cause is not None and tracing.current_traceparent(cause.trace_id) is not None:
+            envelope = cause.caused(record_type, self.source)  # a child of the span in progress
+        else:
+            # A producer span of its own: the trace's root, or a continuation of the cause's.
+            attributes = {"flotilla.service": self.spec.name, "flotilla.incident_id": correlation}
+            name = f"{record_type.rsplit('.', 1)[-1]} publish"
+            with tracing.root_span(name, attributes, parent=cause.traceparent if cause else None) as traceparent:
+                if cause is not None:
+                    envelope = cause.caused(record_type, self.source)
+                else:
+                    envelope = Envelope(type=record_type, source=self.source, correlationid=correlation)
+                    if traceparent is not None:
+                        envelope = dataclasses.replace(envelope, traceparent=traceparent)
         self.outbox.append(conn, topic=topic, key=key, value={"eventId": envelope.id, **value}, envelope=envelope)
         metrics.count_produced(self.source, topic, record_type)
         return envelope
@@ -143,6 +152,7 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
     """Run ``spec`` until SIGTERM/SIGINT (blocking)."""
     settings = settings or ServiceSettings.load(service_name=spec.name, service_database=spec.database)
     logging.basicConfig(level=settings.log_level, format=f"%(asctime)s %(levelname)s {spec.name} %(name)s %(message)s")
+    tracing.configure(spec.name)  # OTEL_* variables; off unless OTEL_TRACES_EXPORTER is set
     ctx = prepare(spec, settings)
     loop = build_loop(ctx) if spec.topics else None
     server = None

@@ -52,6 +52,7 @@ import psycopg
 from prometheus_client import Counter
 from psycopg_pool import ConnectionPool
 
+from flotilla import tracing
 from services.executor import idempotency, leases
 from services.executor.commands import Step
 from services.executor.idempotency import Begun, Execution, State
@@ -325,12 +326,14 @@ class Session:
             if step.expired(now):
                 return self._failed(step, lease, COMMAND_EXPIRED, _expired(step), retryable=False, attempt=attempt)
         try:
-            result = self._call(
-                lambda: target.apply(
-                    step.action, step.resource, step.params, step.idempotency_key, lease.epoch, lease.holder
-                ),
-                lease,
-            )
+            attributes = {"flotilla.action": step.action, "flotilla.idempotency_key": step.idempotency_key}
+            with tracing.child_span(f"{step.action} apply", {**attributes, "flotilla.fencing_token": lease.epoch}):
+                result = self._call(
+                    lambda: target.apply(
+                        step.action, step.resource, step.params, step.idempotency_key, lease.epoch, lease.holder
+                    ),
+                    lease,
+                )
         except StaleFencingToken as exc:
             leases.FENCING_REJECTIONS.labels("target").inc()
             return self._failed(step, lease, STALE_FENCING_TOKEN, str(exc), retryable=False, attempt=attempt)

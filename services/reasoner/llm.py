@@ -20,6 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
 from prometheus_client import Counter
 
+from flotilla import tracing
 from services.reasoner.base import ReasoningFailed
 from services.reasoner.decision import (
     DIAGNOSIS_SCHEMA,
@@ -183,12 +184,13 @@ class LLMReasoner:
         text: str | None = None
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                completion = self._client.chat.completions.create(
-                    model=self.model,
-                    messages=messages,
-                    response_format=response_format,
-                    temperature=self.temperature,
-                )
+                with tracing.child_span("chat", {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model}):
+                    completion = self._client.chat.completions.create(
+                        model=self.model,
+                        messages=messages,
+                        response_format=response_format,
+                        temperature=self.temperature,
+                    )
             except openai.OpenAIError as exc:
                 raise ReasoningFailed(
                     f"the model server did not answer: {exc.__class__.__name__}",

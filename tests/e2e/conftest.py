@@ -19,6 +19,7 @@ from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 
 from .fleet import DEMO_SERVICE, Fleet, Watch
+from .otlp import OtlpReceiver
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
@@ -47,8 +48,20 @@ E2E_SETTINGS = {
 
 
 @pytest.fixture(scope="session")
-def fleet(stack: StackSettings, serde: AvroSerde) -> Iterator[Fleet]:
-    env = {**os.environ, **E2E_SETTINGS}
+def otlp() -> Iterator[OtlpReceiver]:
+    """Where every member of the e2e fleet exports its spans (OTLP/HTTP, in memory)."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def fleet(stack: StackSettings, serde: AvroSerde, otlp: OtlpReceiver) -> Iterator[Fleet]:
+    tracing = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms: spans reach the test soon after they end
+    }
+    env = {**os.environ, **E2E_SETTINGS, **tracing}
     FLEETCTL_DOWN = [*FLEETCTL, "down"]
     subprocess.run(FLEETCTL_DOWN, capture_output=True, timeout=120, env=env)  # a fleet from earlier settings
     started = subprocess.run([*FLEETCTL, "up"], capture_output=True, text=True, timeout=600, env=env)
