@@ -28,6 +28,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
+from flotilla import tracing
 from flotilla.service import ServiceSettings
 from flotilla.settings import StackSettings
 from flotilla.testing import containers
@@ -42,6 +43,8 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 DEMO = REPO_ROOT / "infra" / "local" / "demo.py"
 DEMO_ENV = REPO_ROOT / "infra" / "compose" / "demo.env"
+# What compose sets on every member for traces (x-flotilla-env), besides its FLOTILLA_* settings.
+TRACING_ENV = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT")
 OBSERVABILITY = REPO_ROOT / "infra" / "observability"
 PROMETHEUS_CONFIG = OBSERVABILITY / "prometheus" / "prometheus.yml"
 GRAFANA = OBSERVABILITY / "grafana"
@@ -52,7 +55,7 @@ MEMBERS: dict[str, Member] = {m.name: m for m in fleet.FLEET}
 INIT = "fleet-init"
 KEYS_INIT = "keys-init"
 DEMO_JOB = "incident"
-OBSERVERS = ("prometheus", "grafana")
+OBSERVERS = ("prometheus", "grafana", "jaeger")
 STACK_KEYS = {f"FLOTILLA_{name.upper()}" for name in StackSettings.model_fields}
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?([^}]*)\}")
 
@@ -237,7 +240,16 @@ def test_every_variable_set_is_a_setting_of_that_service(services: dict[str, dic
     flotilla_keys = {k for k in env_of(services[name]) if k.startswith("FLOTILLA_")}
     unread = flotilla_keys - env_names(cls)
     assert not unread, f"{name} sets {sorted(unread)}, which {cls.__name__} does not read"
-    assert set(env_of(services[name])) == flotilla_keys  # nothing else is set on a member
+    # nothing else is set on a member but, where a consumer loop runs, OpenTelemetry's
+    # exporter settings (flotilla.tracing; the sim and the console make no spans)
+    traced = set(TRACING_ENV) if MEMBERS[name].database else set()
+    assert set(env_of(services[name])) - flotilla_keys == traced, name
+    if not traced:
+        return
+    assert env_of(services[name])["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert "4318" not in str(services["jaeger"].get("ports", []))  # OTLP stays inside compose
+    (exporter,) = tracing.exporters_from_env({k: env_of(services[name])[k] for k in TRACING_ENV})
+    assert type(exporter).__name__ == "OTLPSpanExporter"
 
 
 @pytest.mark.parametrize("name", [m.name for m in fleet.FLEET if m.database])
@@ -288,7 +300,7 @@ def test_the_settings_load_from_that_environment(
     for key in [k for k in os.environ if k.startswith("FLOTILLA_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
-    env = env_of(services[name])
+    env = {k: v for k, v in env_of(services[name]).items() if k.startswith("FLOTILLA_")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings = settings_class(MEMBERS[name])()
@@ -610,9 +622,14 @@ def test_grafana_is_provisioned_with_the_datasource_the_dashboard_names(services
 def test_observers_are_pinned_official_images_on_loopback(services: dict[str, dict[str, Any]]) -> None:
     assert services["prometheus"]["image"].startswith("prom/prometheus:v")
     assert services["grafana"]["image"].startswith("grafana/grafana:")
+    assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")  # v2: OTLP built in
     for name in OBSERVERS:
-        assert services[name]["healthcheck"]["test"][0] == "CMD"
+        # Jaeger has no healthcheck: nothing waits for it (spans that cannot be sent are
+        # dropped by the exporters), and its image's tools were not verifiable from here.
+        if name != "jaeger":
+            assert services[name]["healthcheck"]["test"][0] == "CMD"
         assert all(containers._port(p).host_ip == "127.0.0.1" for p in services[name]["ports"])
+    assert not any("jaeger" in svc.get("depends_on", {}) for svc in services.values())
 
 
 # ------------------------------------------------------------------ the image

@@ -34,6 +34,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
+from flotilla import tracing
 from flotilla.connectors import DROP_NULL_HEADERS, connector_name, outbox_connector_config
 from flotilla.settings import StackSettings
 from services.executor.namespaces import EnvironmentNamespaces
@@ -382,6 +383,8 @@ def test_every_variable_is_one_the_service_reads(objects: tuple[dict[str, Any], 
             readable = {f"FLOTILLA_{f.upper()}" for f in StackSettings.model_fields}
         else:
             readable = _settings_fields(f"{BY_NAME[member].module}.settings")
+        if member == "flotilla-prepare" or BY_NAME[member].database is not None:
+            readable |= set(TRACING_ENV)  # read by flotilla.tracing, not a settings class
         for container in workload["spec"]["template"]["spec"]["containers"]:
             env = container_env(objects, container)
             unread = sorted(set(env) - readable)
@@ -392,6 +395,26 @@ def test_every_variable_is_one_the_service_reads(objects: tuple[dict[str, Any], 
             if member == SIM.name:
                 assert env["FLOTILLA_SIM_HOST"] == "0.0.0.0"
                 assert env["FLOTILLA_SIM_PORT"] == str(SIM.http_port)
+
+
+TRACING_ENV = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def test_services_with_a_loop_export_traces_to_a_collector_they_may_reach(objects: tuple[dict[str, Any], ...]) -> None:
+    egress = named(objects, "NetworkPolicy", "backend-egress")["spec"]["egress"]
+    allowed = {p["port"] for rule in egress for p in rule.get("ports", [])}
+    for workload in of_kind(objects, "Deployment"):
+        member = BY_NAME[member_of(workload)]
+        env = container_env(objects, workload["spec"]["template"]["spec"]["containers"][0])
+        if member.database is None:
+            assert not set(TRACING_ENV) & set(env), member.name
+            continue
+        exporters = tracing.exporters_from_env({k: env[k] for k in TRACING_ENV})
+        assert [type(e).__name__ for e in exporters] == ["OTLPSpanExporter"], member.name
+        port = int(env["OTEL_EXPORTER_OTLP_ENDPOINT"].rsplit(":", 1)[1])
+        assert port in allowed, f"{member.name} exports to port {port}, which backend-egress does not allow"
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert labels.get("app.kubernetes.io/component") == "backend", member.name
 
 
 def test_services_with_a_database_know_where_the_stack_is(objects: tuple[dict[str, Any], ...]) -> None:
