@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # One image for the whole Flotilla fleet. Every member runs from it as
-# `python -m <module>` (the `module` column of services/fleet.py), chosen by the
+# `python -m <module>` (the `module` column of libs/flotilla/fleet.py), chosen by the
 # container's command; docker-compose.yml and the Kubernetes manifests do exactly that.
 #
 #   docker build -t flotilla/flotilla:0.1.0 .
@@ -38,7 +38,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY libs ./libs
 COPY services ./services
 RUN /opt/flotilla/bin/pip install --no-deps . \
-    && /opt/flotilla/bin/python -c "import flotilla.runner, services.fleet"
+    && /opt/flotilla/bin/python -c "import flotilla.runner, flotilla.fleet"
 
 # ---------------------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime
@@ -70,7 +70,7 @@ ENV PATH=/opt/flotilla/bin:$PATH \
 
 USER 10001:10001
 
-# The fleet's HTTP ports (services/fleet.py): 18101-18108 and the sim's 18110.
+# The fleet's HTTP ports (libs/flotilla/fleet.py): 18101-18108 and the sim's 18110.
 EXPOSE 18101-18110
 
 CMD ["python", "-m", "services.sim"]

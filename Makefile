@@ -60,10 +60,11 @@ stack-status: $(STAMP) ## Each component: up/down, endpoint, version, log file
 schemas: $(STAMP) ## Register every contract in schemas/ with the registry
 	$(PY) -m flotilla.contracts
 
-lint: $(STAMP) ## ruff (lint + format check) and mypy
+lint: $(STAMP) ## ruff (lint + format check), mypy, and the import layers (pyproject [tool.importlinter])
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format .

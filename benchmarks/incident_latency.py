@@ -28,10 +28,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from flotilla.envelope import Envelope
+from flotilla.fleet import HEALTH, SIM, url
 from flotilla.serde import AvroSerde, SerdeError, registry_client
 from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import tail_consumer
-from services.fleet import HEALTH, SIM, url
 from services.health_agent.scrape import settled
 
 CHAIN = [

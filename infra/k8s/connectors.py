@@ -31,7 +31,7 @@ for folder in (REPO_ROOT / "libs", REPO_ROOT):  # runs from a checkout without `
 from flotilla_ops.generated import write_or_check  # noqa: E402
 
 from flotilla.connectors import connector_name, outbox_connector_config  # noqa: E402
-from services.fleet import FLEET  # noqa: E402
+from flotilla.fleet import FLEET  # noqa: E402
 
 OUTPUT = REPO_ROOT / "infra" / "k8s" / "base" / "connect" / "connectors.yaml"
 CONNECT_CLUSTER = "flotilla-connect"  # the KafkaConnect in base/connect/kafkaconnect.yaml

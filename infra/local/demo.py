@@ -19,10 +19,10 @@ import urllib.request
 from typing import Any
 
 from flotilla.envelope import Envelope
+from flotilla.fleet import AUDIT, POLICY, SIM, url
 from flotilla.serde import AvroSerde, SerdeError, registry_client
 from flotilla.settings import load_settings
 from flotilla.tailing import tail_consumer
-from services.fleet import AUDIT, POLICY, SIM, url
 
 SERVICE = os.environ.get("DEMO_SERVICE", "checkout-api")
 FAULT = {"service": "payments-api", "kind": "dependency-slow"}

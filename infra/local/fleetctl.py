@@ -41,9 +41,9 @@ import stackctl  # same folder: run as a script, its folder is on sys.path
 from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 
 from flotilla import stackcheck
+from flotilla.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
 from flotilla.keys import KeyMaterialError, load_or_create, public_key_text
 from flotilla.settings import load_settings
-from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

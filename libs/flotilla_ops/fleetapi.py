@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, url
+from flotilla.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, url
 
 
 class FleetEndpoints(BaseSettings):

@@ -9,11 +9,11 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.authority import required_keyring
+from flotilla.fleet import AUDIT
 from flotilla.keys import Keyring, load_private_key
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.audit.chain import Signer
-from services.fleet import AUDIT
 
 ALL_TOPICS = ("incidents", "commands", "incidents.dlq", "commands.dlq")
 ANCHORS_TOPIC = "audit.anchors"

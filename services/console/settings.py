@@ -18,9 +18,9 @@ from flotilla_ops.fleetapi import FleetEndpoints
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.fleet import AUDIT, CONSOLE, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, url
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
-from services.fleet import AUDIT, CONSOLE, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, url
 
 
 class ConsoleSettings(ServiceSettings):

@@ -15,8 +15,7 @@ import dataclasses
 from typing import Any
 
 import psycopg
-
-from services.reasoner.model import Topology
+from flotilla_reasoning.model import Topology
 
 _UPSERT_LATENCY = """
 INSERT INTO latency_baselines (service, dependency, p95_ms, samples, updated_at)

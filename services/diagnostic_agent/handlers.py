@@ -20,6 +20,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from flotilla_reasoning import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed, SimClient, SimUnavailable
+from flotilla_reasoning.failures import escalation_reason, record_failure
+from flotilla_reasoning.model import Topology, Verdict
+from flotilla_reasoning.records import (
+    DIAGNOSIS_REQUESTED,
+    DIAGNOSTIC_JOB_STARTED,
+    INCIDENT_ESCALATED,
+    INCIDENTS,
+    diagnosis_record,
+    escalation_record,
+)
 
 from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.envelope import Envelope
@@ -28,17 +39,6 @@ from flotilla.runner import ServiceContext
 from flotilla.workflow import Status
 from services.diagnostic_agent import baselines, jobs
 from services.diagnostic_agent.settings import DiagnosticSettings
-from services.reasoner import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed, SimClient, SimUnavailable
-from services.reasoner.failures import escalation_reason, record_failure
-from services.reasoner.model import Topology, Verdict
-from services.reasoner.records import (
-    DIAGNOSIS_REQUESTED,
-    DIAGNOSTIC_JOB_STARTED,
-    INCIDENT_ESCALATED,
-    INCIDENTS,
-    diagnosis_record,
-    escalation_record,
-)
 
 log = logging.getLogger(__name__)
 

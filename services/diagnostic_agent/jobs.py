@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from flotilla_reasoning.records import DIAGNOSTIC_JOB_STARTED
 from psycopg.rows import dict_row
 
 from flotilla.envelope import Envelope
-from services.reasoner.records import DIAGNOSTIC_JOB_STARTED
 
 _COLUMNS = (
     "job_id, incident_id, service, environment, symptom, job_kind, due_at, deadline, attempts, "

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla import deferred
+from flotilla_reasoning import Reasoner, SimClient, failures, make_reasoner
+
+from flotilla import deferred, fleet
 from flotilla.runner import Periodic, ServiceContext, ServiceSpec
-from services import fleet
 from services.diagnostic_agent.handlers import DiagnosticAgent
 from services.diagnostic_agent.settings import DiagnosticSettings
-from services.reasoner import Reasoner, SimClient, failures, make_reasoner
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
 

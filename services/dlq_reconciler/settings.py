@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from flotilla.fleet import DLQ_RECONCILER
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.dlq_reconciler.auth import OperatorTokens
-from services.fleet import DLQ_RECONCILER
 
 # The demo's operator token. Its digest stands in for an unset FLOTILLA_OPERATOR_TOKENS in
 # the demo profile only (FLOTILLA_PROFILE=demo, with a warning at start-up); any other

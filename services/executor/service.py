@@ -10,13 +10,13 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from psycopg.rows import dict_row
 
+from flotilla.fleet import EXECUTOR
 from flotilla.handling import Handler
 from flotilla.runner import ServiceContext, ServiceSpec
 from services.executor.execution import Executor
 from services.executor.handlers import ExecutorHandlers
 from services.executor.settings import ExecutorSettings
 from services.executor.targets import ActionTarget
-from services.fleet import EXECUTOR
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 

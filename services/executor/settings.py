@@ -11,13 +11,13 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.authority import required_keyring
+from flotilla.fleet import EXECUTOR
 from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
 from services.executor.execution import ExecutorConfig
 from services.executor.namespaces import EnvironmentNamespaces
 from services.executor.targets import ActionTarget, KubernetesTarget, SimTarget
-from services.fleet import EXECUTOR
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 

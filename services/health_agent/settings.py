@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.fleet import HEALTH, SIM, url
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
-from services.fleet import HEALTH, SIM, url
 
 
 class HealthSettings(ServiceSettings):

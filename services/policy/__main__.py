@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flotilla import runner
-from services.fleet import POLICY
+from flotilla.fleet import POLICY
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import DATABASE, build_spec
 from services.policy.settings import PolicySettings

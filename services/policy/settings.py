@@ -9,10 +9,10 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.authority import Signer, required_keyring, required_signer
+from flotilla.fleet import POLICY, SIM, url
 from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
-from services.fleet import POLICY, SIM, url
 from services.policy.auth import DEMO_USERS, TokenStore, UsersConfigError
 
 

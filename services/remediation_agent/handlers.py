@@ -21,15 +21,9 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from flotilla.authority import Signer, attest_proposal
-from flotilla.deferred import Finish, Work, Worker, defer
-from flotilla.digest import canonical_json
-from flotilla.handling import Handler, HandlerContext
-from flotilla.runner import ServiceContext
-from flotilla.workflow import accepts
-from services.reasoner import Proposal, Reasoner, ReasoningFailed, SimClient
-from services.reasoner.failures import escalation_reason, record_failure
-from services.reasoner.records import (
+from flotilla_reasoning import Proposal, Reasoner, ReasoningFailed, SimClient
+from flotilla_reasoning.failures import escalation_reason, record_failure
+from flotilla_reasoning.records import (
     DIAGNOSES,
     INCIDENT_ESCALATED,
     INCIDENTS,
@@ -37,6 +31,13 @@ from services.reasoner.records import (
     diagnosis_from_record,
     escalation_record,
 )
+
+from flotilla.authority import Signer, attest_proposal
+from flotilla.deferred import Finish, Work, Worker, defer
+from flotilla.digest import canonical_json
+from flotilla.handling import Handler, HandlerContext
+from flotilla.runner import ServiceContext
+from flotilla.workflow import accepts
 from services.remediation_agent.plan import InvalidPlan, proposal_value
 from services.remediation_agent.settings import RemediationSettings
 

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from flotilla_reasoning.model import Action, PlannedStep, Proposal
+
 from flotilla.commands import idempotency_key
 from flotilla.digest import command_digest
-from services.reasoner.model import Action, PlannedStep, Proposal
 
 COMMAND_TYPES: dict[Action, str] = {
     Action.SCALE: "dev.flotilla.commands.ScaleService",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla import deferred
+from flotilla_reasoning import Reasoner, SimClient, failures, make_reasoner
+
+from flotilla import deferred, fleet
 from flotilla.runner import ServiceSpec
-from services import fleet
-from services.reasoner import Reasoner, SimClient, failures, make_reasoner
 from services.remediation_agent.handlers import RemediationAgent
 from services.remediation_agent.settings import RemediationSettings
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flotilla_reasoning.settings import AgentSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import fleet
 from flotilla.authority import Signer, required_signer
-from services import fleet
-from services.reasoner.settings import AgentSettings
 
 
 class RemediationSettings(AgentSettings):

@@ -7,9 +7,9 @@ from typing import Any
 from pydantic import SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from flotilla.fleet import SIM
 from flotilla.service import ServiceSettings
 from flotilla.settings import default_env_file
-from services.fleet import SIM
 from services.sim.auth import check_action_token
 
 

@@ -18,12 +18,12 @@ from confluent_kafka import Consumer
 
 from flotilla.authority import Signer
 from flotilla.envelope import Envelope
+from flotilla.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
 from flotilla.keys import load_private_key
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
 from flotilla.testing.producing import ordered_producer
-from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLEETCTL = REPO_ROOT / "infra" / "local" / "fleetctl.py"

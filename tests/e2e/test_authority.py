@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from flotilla import deadletter
 from flotilla.envelope import Envelope
+from flotilla.fleet import EXECUTOR
 from flotilla.testing.producing import ordered_producer
-from services.fleet import EXECUTOR
 
 from .fleet import (
     PROPOSED,

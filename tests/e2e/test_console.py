@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flotilla.authority import attest_proposal
-from services.fleet import CONSOLE, url
+from flotilla.fleet import CONSOLE, url
 
 from .fleet import (
     APPROVER,

@@ -24,8 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flotilla.fleet import EXECUTOR
 from flotilla.keys import public_key_text
-from services.fleet import EXECUTOR
 
 from .conftest import E2E_SETTINGS, REPO_ROOT
 from .fleet import Fleet, HttpError, Watch, awaiting_approval, group_members, http

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from flotilla.envelope import Envelope
+from flotilla.fleet import EXECUTOR
 from flotilla.rawrecords import jsonable
-from services.fleet import EXECUTOR
 
 from .conftest import E2E_SETTINGS
 from .fleet import (

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from services.fleet import SIM
+from flotilla.fleet import SIM
 
 from .fleet import DEMO_SERVICE, Fleet, HttpError
 

@@ -17,12 +17,12 @@ import psycopg
 import pytest
 
 from flotilla.bootstrap import drop_outbox
+from flotilla.fleet import POLICY, REMEDIATION
 from flotilla.outbox import ALLOWLIST_CONSTRAINT, UndeclaredTopicError
 from flotilla.runner import ServiceContext, ServiceSpec, prepare
 from flotilla.service import ServiceSettings
 from flotilla.settings import StackSettings
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
-from services.fleet import POLICY, REMEDIATION
 
 SCALE = "dev.flotilla.commands.ScaleService"
 DB = f"flotilla_it_allow_{uuid.uuid4().hex[:6]}"

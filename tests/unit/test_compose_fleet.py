@@ -1,5 +1,5 @@
 """The fleet part of docker-compose.yml, the Dockerfile and the observability configs,
-checked against the code they run: services/fleet.py, each service's settings class,
+checked against the code they run: libs/flotilla/fleet.py, each service's settings class,
 flotilla.prepare, infra/local/demo.py and the pyproject package data.
 
 No Docker engine runs here, so nothing is built or started: the files are read and
@@ -28,12 +28,11 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from flotilla import tracing
+from flotilla import fleet, tracing
+from flotilla.fleet import Member
 from flotilla.service import ServiceSettings
 from flotilla.settings import StackSettings
 from flotilla.testing import containers
-from services import fleet
-from services.fleet import Member
 
 from .dockerfiles import Stage, stages
 

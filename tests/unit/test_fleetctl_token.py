@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM
+from flotilla.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM
 from services.sim.auth import check_action_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

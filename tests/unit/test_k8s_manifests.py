@@ -36,9 +36,9 @@ from pydantic_settings import BaseSettings
 
 from flotilla import tracing
 from flotilla.connectors import DROP_NULL_HEADERS, connector_name, outbox_connector_config
+from flotilla.fleet import BY_NAME, FLEET, SIM
 from flotilla.settings import StackSettings
 from services.executor.namespaces import EnvironmentNamespaces
-from services.fleet import BY_NAME, FLEET, SIM
 
 from ..poms import TRANSFORMS_POM, pom_text
 

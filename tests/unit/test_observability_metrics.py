@@ -225,7 +225,8 @@ def model_server() -> Iterator[Any]:
 
 
 def test_llm_tokens_are_counted_by_model_and_kind(model_server: Any) -> None:
-    from services.reasoner import LLMReasoner
+    from flotilla_reasoning import LLMReasoner
+
     from tests.fakes.fake_openai import Answer, diagnosis_answer
     from tests.unit.services.test_reasoner_rules import INCIDENT, demo_topology, evidence
 
@@ -238,7 +239,8 @@ def test_llm_tokens_are_counted_by_model_and_kind(model_server: Any) -> None:
 
 
 def test_llm_tokens_of_rejected_answers_are_counted_too(model_server: Any) -> None:
-    from services.reasoner import LLMReasoner, ReasoningFailed
+    from flotilla_reasoning import LLMReasoner, ReasoningFailed
+
     from tests.fakes.fake_openai import MALFORMED
     from tests.unit.services.test_reasoner_rules import demo_topology, evidence
 

@@ -16,6 +16,16 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
+from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
+from flotilla_reasoning.records import (
+    DEPENDENCY_FAILURE_SUSPECTED,
+    DIAGNOSIS_REQUESTED,
+    DIAGNOSTIC_JOB_STARTED,
+    INCIDENT_ESCALATED,
+    RECOVERY_PROPOSED,
+    diagnosis_record,
+)
+from flotilla_reasoning.sim import parse_metrics, parse_services
 
 from flotilla.authority import verify_proposal
 from flotilla.bootstrap import drop_outbox
@@ -29,16 +39,6 @@ from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import latency_fact
 from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings
 from services.diagnostic_agent import build_spec as diagnostic_spec
-from services.reasoner import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
-from services.reasoner.records import (
-    DEPENDENCY_FAILURE_SUSPECTED,
-    DIAGNOSIS_REQUESTED,
-    DIAGNOSTIC_JOB_STARTED,
-    INCIDENT_ESCALATED,
-    RECOVERY_PROPOSED,
-    diagnosis_record,
-)
-from services.reasoner.sim import parse_metrics, parse_services
 from services.remediation_agent import RemediationSettings
 from services.remediation_agent import build_spec as remediation_spec
 from services.remediation_agent.plan import digest_matches

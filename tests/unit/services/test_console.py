@@ -22,11 +22,11 @@ from fastapi.testclient import TestClient
 from flotilla_ops.fleetapi import FleetApi, FleetEndpoints
 
 from flotilla.digest import command_digest
+from flotilla.fleet import AGENTS, BY_NAME, CONSOLE, FLEET
 from services.console import views
 from services.console.app import create_console_app
 from services.console.session import COOKIE_NAME, Session, SessionStore
 from services.console.settings import ConsoleSettings
-from services.fleet import AGENTS, BY_NAME, CONSOLE, FLEET
 
 POLICY = "http://policy.test"
 AUDIT = "http://audit.test"

@@ -9,12 +9,8 @@ from typing import Any
 import httpx
 import pytest
 from fastavro import parse_schema
-
-from flotilla.contracts import load_contracts
-from flotilla.validation import RecordValidator
-from services.diagnostic_agent import DiagnosticSettings
-from services.reasoner import RulesReasoner, SimClient, SimUnavailable
-from services.reasoner.records import (
+from flotilla_reasoning import RulesReasoner, SimClient, SimUnavailable
+from flotilla_reasoning.records import (
     DEPENDENCY_FAILURE_SUSPECTED,
     DIAGNOSIS_CONCLUDED,
     INCIDENT_ESCALATED,
@@ -22,6 +18,10 @@ from services.reasoner.records import (
     diagnosis_record,
     escalation_record,
 )
+
+from flotilla.contracts import load_contracts
+from flotilla.validation import RecordValidator
+from services.diagnostic_agent import DiagnosticSettings
 
 from .test_reasoner_rules import demo_topology, evidence
 

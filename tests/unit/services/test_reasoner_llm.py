@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from services.reasoner import (
+from flotilla_reasoning import (
     Action,
     Diagnosis,
     DiagnosticEvidence,
@@ -20,13 +19,14 @@ from services.reasoner import (
     TokenUsage,
     Verdict,
 )
-from services.reasoner.decision import (
+from flotilla_reasoning.decision import (
     DIAGNOSIS_SCHEMA,
     PROPOSAL_SCHEMA,
     InvalidDecision,
     parse_json_object,
     schema_problems,
 )
+
 from tests.fakes.fake_openai import (
     MALFORMED,
     Answer,

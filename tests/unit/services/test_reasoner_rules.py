@@ -6,8 +6,7 @@ import dataclasses
 
 import httpx
 import pytest
-
-from services.reasoner import (
+from flotilla_reasoning import (
     Action,
     AgentSettings,
     Diagnosis,
@@ -21,7 +20,7 @@ from services.reasoner import (
     Verdict,
     make_reasoner,
 )
-from services.reasoner.rules import readings, replicas_for
+from flotilla_reasoning.rules import readings, replicas_for
 
 INCIDENT = "incident-204"
 
@@ -221,7 +220,8 @@ def test_against_the_real_sim_the_demo_is_payments_api_and_4_to_12() -> None:
     """The sim's own latency model, over its HTTP API: learn while healthy, break payments,
     diagnose, plan — and the plan brings checkout-api back under its threshold."""
     sim_app = pytest.importorskip("services.sim.app")
-    from services.reasoner import SimClient
+    from flotilla_reasoning import SimClient
+
     from tests.fakes.fake_openai import ThreadedServer
 
     action_token = "the-executors-sim-action-token"

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from flotilla_reasoning import Action, PlannedStep, Proposal, Reasoning, TokenUsage
 
 from flotilla.contracts import load_contracts
 from flotilla.digest import command_digest
 from flotilla.validation import RecordValidator
-from services.reasoner import Action, PlannedStep, Proposal, Reasoning, TokenUsage
 from services.remediation_agent.plan import InvalidPlan, command_record, digest_matches, proposal_value, to_millis
 
 NOW = datetime(2026, 8, 17, 14, 2, 7, 123456, tzinfo=UTC)

@@ -2,7 +2,7 @@
 
 Each decision is one conversation: a system message with the rules of the game, a user
 message with the evidence as JSON, and ``response_format`` set to the decision's JSON
-Schema. The answer is parsed and validated (:mod:`services.reasoner.decision`); a bad
+Schema. The answer is parsed and validated (:mod:`flotilla_reasoning.decision`); a bad
 answer gets exactly one more chance, with the problems appended to the conversation,
 and a second bad answer raises :class:`ReasoningFailed` — the agent escalates and the
 answer never becomes a record. Tokens are summed over both attempts.
@@ -21,16 +21,16 @@ from openai.types.shared_params import ResponseFormatJSONSchema
 from prometheus_client import Counter
 
 from flotilla import tracing
-from services.reasoner.base import ReasoningFailed
-from services.reasoner.decision import (
+from flotilla_reasoning.base import ReasoningFailed
+from flotilla_reasoning.decision import (
     DIAGNOSIS_SCHEMA,
     PROPOSAL_SCHEMA,
     InvalidDecision,
     diagnosis_from_answer,
     proposal_from_answer,
 )
-from services.reasoner.model import Diagnosis, DiagnosticEvidence, Proposal, TokenUsage, Topology, Verdict
-from services.reasoner.settings import AgentSettings
+from flotilla_reasoning.model import Diagnosis, DiagnosticEvidence, Proposal, TokenUsage, Topology, Verdict
+from flotilla_reasoning.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 

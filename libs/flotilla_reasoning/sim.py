@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.reasoner.model import ServiceView, Topology
+from flotilla_reasoning.model import ServiceView, Topology
 
 DEPENDENCY_P95 = "sim_dependency_latency_p95_ms"
 SERVICE_P95 = "sim_latency_p95_ms"

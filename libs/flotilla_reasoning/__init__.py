@@ -5,9 +5,9 @@ chat-completions server for a structured answer and validates it. ``make_reasone
 picks one from the settings (``FLOTILLA_REASONER``).
 """
 
-from services.reasoner.base import Reasoner, ReasoningFailed
-from services.reasoner.llm import LLMReasoner
-from services.reasoner.model import (
+from flotilla_reasoning.base import Reasoner, ReasoningFailed
+from flotilla_reasoning.llm import LLMReasoner
+from flotilla_reasoning.model import (
     Action,
     Diagnosis,
     DiagnosticEvidence,
@@ -20,9 +20,9 @@ from services.reasoner.model import (
     Topology,
     Verdict,
 )
-from services.reasoner.rules import RulesConfig, RulesReasoner
-from services.reasoner.settings import AgentSettings
-from services.reasoner.sim import SimClient, SimUnavailable
+from flotilla_reasoning.rules import RulesConfig, RulesReasoner
+from flotilla_reasoning.settings import AgentSettings
+from flotilla_reasoning.sim import SimClient, SimUnavailable
 
 
 def make_reasoner(settings: AgentSettings) -> Reasoner:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.reasoner.base import ReasoningFailed
-from services.reasoner.model import (
+from flotilla_reasoning.base import ReasoningFailed
+from flotilla_reasoning.model import (
     Action,
     Diagnosis,
     DiagnosticEvidence,
@@ -38,7 +38,7 @@ from services.reasoner.model import (
     Topology,
     Verdict,
 )
-from services.reasoner.settings import AgentSettings, Strategy
+from flotilla_reasoning.settings import AgentSettings, Strategy
 
 NAME = "rules"
 FAILURE_MODE = "slow-responses"

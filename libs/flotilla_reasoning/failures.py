@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from services.reasoner.base import ReasoningFailed
+from flotilla_reasoning.base import ReasoningFailed
 
 # In the database of every agent that decides through a reasoner (its spec's migrations):
 # the rejected answer stays here, never on a topic.

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from services.reasoner.model import (
+from flotilla_reasoning.model import (
     CAUSE_CATEGORIES,
     Action,
     Diagnosis,

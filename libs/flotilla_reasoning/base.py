@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.reasoner.model import Diagnosis, DiagnosticEvidence, Proposal, TokenUsage, Topology
+from flotilla_reasoning.model import Diagnosis, DiagnosticEvidence, Proposal, TokenUsage, Topology
 
 
 class ReasoningFailed(Exception):

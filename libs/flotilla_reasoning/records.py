@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from flotilla.consumer import ESCALATION_TARGET
-from services.reasoner.model import Diagnosis, Reasoning, Verdict
+from flotilla_reasoning.model import Diagnosis, Reasoning, Verdict
 
 INCIDENTS = "incidents"
 DIAGNOSIS_REQUESTED = "dev.flotilla.incidents.DiagnosisRequested"
