@@ -78,7 +78,7 @@ _NAMESPACE = uuid.UUID("9f5f0c55-3c1e-4b43-9d7a-5b8f3f1e2d10")
 
 WORK_TAKEN = Counter(
     "flotilla_deferred_work_total",
-    "Deferred work taken by a worker, by what came of it (done, retry, abandoned, gave-up, lost-lease).",
+    "Deferred work taken by a worker, by what came of it (done, retry, abandoned, lost-lease).",
     ["service", "kind", "outcome"],
 )
 GATHER_SECONDS = Histogram(
@@ -168,11 +168,7 @@ class Finish:
 
     def spend_tokens(self, tokens: int) -> None:
         """Charge model tokens to the incident's budget, as ``HandlerContext.spend_tokens``."""
-        if tokens > 0:
-            self.conn.execute(
-                "UPDATE incident_workflow SET tokens_used = tokens_used + %s WHERE incident_id = %s",
-                (tokens, self.work.incident_id),
-            )
+        WorkflowStore.charge_tokens(self.conn, self.work.incident_id, tokens)
 
 
 Gather = Callable[["ServiceContext", Work], T]  # the service (its pool for reads, no transaction) and the work

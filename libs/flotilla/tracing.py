@@ -191,10 +191,14 @@ def current_traceparent(trace_id: str | None = None) -> str | None:
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return None
-    current = f"{context.trace_id:032x}"
-    if trace_id is not None and trace_id != current:
+    if trace_id is not None and trace_id != f"{context.trace_id:032x}":
         return None
-    return f"00-{current}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    return _traceparent(context)
+
+
+def _traceparent(context: trace.SpanContext) -> str:
+    """The W3C ``traceparent`` header of a span."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
 @contextmanager
@@ -214,5 +218,4 @@ def root_span(
     with _tracer().start_as_current_span(
         name, context=context, kind=SpanKind.PRODUCER, attributes=dict(attributes or {})
     ) as span:
-        span_context = span.get_span_context()
-        yield f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{int(span_context.trace_flags):02x}"
+        yield _traceparent(span.get_span_context())

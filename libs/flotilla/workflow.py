@@ -231,3 +231,13 @@ class WorkflowStore:
     @staticmethod
     def save(conn: psycopg.Connection[Any], state: IncidentState) -> None:
         conn.execute(_UPSERT, _row(state))
+
+    @staticmethod
+    def charge_tokens(conn: psycopg.Connection[Any], incident_id: str, tokens: int) -> None:
+        """Tokens spent outside a handler (a job, deferred work) still count against the
+        incident's budget: added to its row, in the caller's transaction."""
+        if tokens > 0:
+            conn.execute(
+                "UPDATE incident_workflow SET tokens_used = tokens_used + %s WHERE incident_id = %s",
+                (tokens, incident_id),
+            )

@@ -36,7 +36,7 @@ from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler, HandlerContext
 from flotilla.runner import ServiceContext
-from flotilla.workflow import Status
+from flotilla.workflow import Status, WorkflowStore
 from services.diagnostic_agent import baselines, jobs
 from services.diagnostic_agent.settings import DiagnosticSettings
 
@@ -126,8 +126,7 @@ class DiagnosticAgent:
             outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total
         )
 
-        def emit(record_type: str, value: dict[str, Any]) -> Envelope:
-            return finish.emit(INCIDENTS, request.incident_id, record_type, value)
+        emit = _finish_emitter(finish, request.incident_id)
 
         cause = finish.incoming.envelope.id
         if isinstance(outcome, ReasoningFailed):
@@ -146,8 +145,7 @@ class DiagnosticAgent:
         if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
             return "abandoned"
 
-        def emit(record_type: str, value: dict[str, Any]) -> Envelope:
-            return finish.emit(INCIDENTS, request.incident_id, record_type, value)
+        emit = _finish_emitter(finish, request.incident_id)
 
         failure = ReasoningFailed(f"no diagnosis before the deadline ({error[:200]})", reasoner=self.reasoner.name)
         envelope = self._escalate(
@@ -298,7 +296,7 @@ class DiagnosticAgent:
                     reasoner=self.reasoner.name,
                     usage=outcome.reasoning.usage,
                 )
-            _charge_tokens(
+            WorkflowStore.charge_tokens(
                 conn,
                 job.incident_id,
                 outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total,
@@ -393,14 +391,10 @@ class DiagnosticAgent:
         return envelope
 
 
-def _charge_tokens(conn: psycopg.Connection[Any], incident_id: str, tokens: int) -> None:
-    """Tokens spent outside a handler (a job) still count against the incident's budget.
+def _finish_emitter(finish: Finish, incident_id: str) -> Emit:
+    """Emit on ``incidents`` for the incident, caused by the deferred request."""
 
-    The runtime only offers ``HandlerContext.spend_tokens``; this adds to the same
-    column of the workflow row, in the job's transaction.
-    """
-    if tokens > 0:
-        conn.execute(
-            "UPDATE incident_workflow SET tokens_used = tokens_used + %s WHERE incident_id = %s",
-            (tokens, incident_id),
-        )
+    def emit(record_type: str, value: dict[str, Any]) -> Envelope:
+        return finish.emit(INCIDENTS, incident_id, record_type, value)
+
+    return emit
