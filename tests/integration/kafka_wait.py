@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from confluent_kafka import Consumer, Message
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from flotilla import tailing as headers
 from flotilla.tailing import tail_consumer
@@ -51,3 +54,16 @@ def header(msg: Message, name: str) -> bytes | None:
 
 def by_event_id(event_id: str) -> Callable[[Message], bool]:
     return lambda msg: header(msg, "ce_id") == event_id.encode()
+
+
+@contextmanager
+def fresh_topic(bootstrap: str, prefix: str, partitions: int = 1) -> Iterator[str]:
+    """A new topic named ``<prefix>-<random>`` and its DLQ (one partition), deleted afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
+        future.result(15)
+    try:
+        yield name
+    finally:
+        admin.delete_topics([name, f"{name}.dlq"])

@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
@@ -31,6 +30,7 @@ from flotilla.testing.messages import FakeMessage
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from services.audit.chain import Signer
 from services.audit.recorder import Recorder
+from tests.integration.kafka_wait import fresh_topic
 
 from .kafka_wait import header, wait_for
 from .loop_worker import build_loop
@@ -87,12 +87,8 @@ def database(stack: StackSettings) -> str:
 
 @pytest.fixture()
 def topic(stack: StackSettings) -> Iterator[str]:
-    name = f"it-poison-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    for fut in admin.create_topics([NewTopic(name, 1, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
-        fut.result(15)
-    yield name
-    admin.delete_topics([name, f"{name}.dlq"])
+    with fresh_topic(stack.kafka_bootstrap, "it-poison") as name:
+        yield name
 
 
 def effects(stack: StackSettings, incident: str) -> list[str]:

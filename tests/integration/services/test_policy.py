@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 from psycopg.rows import dict_row
@@ -57,6 +56,7 @@ from services.policy.records import (
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
 from services.policy.testing import AGENT, proposal, step
+from tests.integration.kafka_wait import fresh_topic
 from tests.signing import AGENT_SIGNER, POLICY_SIGNER, attest
 
 pytestmark = pytest.mark.timeout(180)
@@ -95,7 +95,7 @@ def runtime() -> PolicyRuntime:
 @pytest.fixture(scope="module")
 def svc(stack: StackSettings, serde: AvroSerde, runtime: PolicyRuntime) -> Iterator[ServiceContext]:
     settings = ServiceSettings(**stack.model_dump())
-    spec = replace(build_spec(runtime), database=DB, publishes=False)
+    spec = replace(build_spec(runtime=runtime), database=DB, publishes=False)
     ctx = prepare(spec, settings)
     try:
         yield ctx
@@ -106,12 +106,8 @@ def svc(stack: StackSettings, serde: AvroSerde, runtime: PolicyRuntime) -> Itera
 
 @pytest.fixture(scope="module")
 def topic(stack: StackSettings) -> Iterator[str]:
-    name = f"it-policy-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    for fut in admin.create_topics([NewTopic(name, 3, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
-        fut.result(15)
-    yield name
-    admin.delete_topics([name, f"{name}.dlq"])
+    with fresh_topic(stack.kafka_bootstrap, "it-policy", partitions=3) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
