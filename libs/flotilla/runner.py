@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from fastapi import FastAPI
@@ -33,6 +33,8 @@ from flotilla.serde import AvroSerde, registry_client
 from flotilla.service import ServiceSettings, create_app, database_ready, open_pool, serve_http
 
 log = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=ServiceSettings)
 
 
 class ServiceContext:
@@ -177,6 +179,13 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
             server.should_exit = True
         ctx.pool.close()
         log.info("%s stopped", spec.name)
+
+
+def run_service(build_spec: Callable[[S], ServiceSpec], settings_class: type[S]) -> None:
+    """A service's whole ``__main__``: its settings from the environment, its spec built
+    from them, run until SIGTERM. Every service starts this one way."""
+    settings = settings_class.load()
+    start(build_spec(settings), settings)
 
 
 def _wait_for_signal(ctx: ServiceContext) -> None:

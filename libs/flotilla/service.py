@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -37,7 +37,9 @@ class ServiceSettings(StackSettings):
     log_level: str = "INFO"
 
     @classmethod
-    def load(cls, **overrides: Any) -> ServiceSettings:
+    def load(cls, **overrides: Any) -> Self:
+        """The settings of this class from FLOTILLA_* variables over the stack's env file:
+        the one loader every service uses (subclasses inherit it)."""
         path = default_env_file()
         return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
 

@@ -5,13 +5,12 @@ All come from ``FLOTILLA_*`` variables (or the stack env file), like the stack's
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 
 Strategy = Literal["scale", "failover", "failover-then-scale"]
 
@@ -45,8 +44,3 @@ class AgentSettings(ServiceSettings):
     rules_target_utilization: float = Field(0.75, gt=0, le=1)  # worker-pool utilization a scale-out aims for
     remediation_strategy: Strategy = "scale"
     max_replicas: int = Field(20, ge=1)  # never propose more (policy denies more than 20)
-
-    @classmethod
-    def load(cls, **overrides: Any) -> Self:
-        path = default_env_file()
-        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

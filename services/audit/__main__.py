@@ -1,16 +1,8 @@
-"""``python -m services.audit``"""
+"""python -m services.audit: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from __future__ import annotations
-
-from flotilla.runner import start
+from flotilla.runner import run_service
 from services.audit.service import build_spec
-from services.audit.settings import load_settings
-
-
-def main() -> None:
-    settings = load_settings()
-    start(build_spec(settings), settings)
-
+from services.audit.settings import AuditSettings
 
 if __name__ == "__main__":
-    main()
+    run_service(build_spec, AuditSettings)

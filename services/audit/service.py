@@ -31,7 +31,7 @@ from services.audit.anchors import ANCHOR_MIGRATION, publisher, read_anchors
 from services.audit.api import make_routes
 from services.audit.chain import Anchor, Signer
 from services.audit.recorder import Recorder
-from services.audit.settings import AuditSettings, load_settings
+from services.audit.settings import AuditSettings
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
@@ -54,7 +54,7 @@ def _consumer(settings: AuditSettings, signer: Signer) -> Callable[[ServiceConte
 
 
 def build_spec(settings: AuditSettings | None = None, signer: Signer | None = None) -> ServiceSpec:
-    settings = settings or load_settings()
+    settings = settings or AuditSettings.load()
     signer = signer or settings.signer()
     trusted = settings.trusted_keys(signer)
     topic = settings.audit_anchors_topic

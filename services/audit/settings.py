@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -68,8 +67,3 @@ class AuditSettings(ServiceSettings):
                 f"({trusted.describe()}): entries it signs would not verify"
             )
         return trusted
-
-
-def load_settings(**overrides: Any) -> AuditSettings:
-    path = default_env_file()
-    return AuditSettings(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

@@ -12,15 +12,12 @@ All ``FLOTILLA_*`` variables (or the stack env file), like every member of the f
 
 from __future__ import annotations
 
-from typing import Any
-
 from flotilla_ops.fleetapi import FleetEndpoints
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.fleet import AUDIT, CONSOLE, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, url
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 
 
 class ConsoleSettings(ServiceSettings):
@@ -55,8 +52,3 @@ class ConsoleSettings(ServiceSettings):
             executor_url=self.executor_url,
             sim_url=self.sim_url,
         )
-
-    @classmethod
-    def load(cls, **overrides: Any) -> ConsoleSettings:
-        path = default_env_file()
-        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

@@ -1,17 +1,8 @@
-"""``python -m services.diagnostic_agent``: run the diagnostic agent until SIGTERM."""
+"""python -m services.diagnostic_agent: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from __future__ import annotations
-
-from flotilla.runner import start
+from flotilla.runner import run_service
 from services.diagnostic_agent.service import build_spec
 from services.diagnostic_agent.settings import DiagnosticSettings
 
-
-def main() -> None:
-    settings = DiagnosticSettings.load()
-    spec, _ = build_spec(settings)
-    start(spec, settings)
-
-
 if __name__ == "__main__":
-    main()
+    run_service(build_spec, DiagnosticSettings)

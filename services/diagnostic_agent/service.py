@@ -14,7 +14,7 @@ from services.diagnostic_agent.settings import DiagnosticSettings
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
 
 
-def build_spec(
+def build_agent(
     settings: DiagnosticSettings | None = None,
     *,
     reasoner: Reasoner | None = None,
@@ -50,3 +50,8 @@ def build_spec(
         loop={"budgets": settings.budgets()},
     )
     return spec, agent
+
+
+def build_spec(settings: DiagnosticSettings | None = None) -> ServiceSpec:
+    """The ServiceSpec alone, as ``__main__`` runs it."""
+    return build_agent(settings)[0]

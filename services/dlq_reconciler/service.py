@@ -17,7 +17,7 @@ from pathlib import Path
 from flotilla.rawloop import RawLoop
 from flotilla.runner import ServiceContext, ServiceSpec
 from services.dlq_reconciler.api import make_routes
-from services.dlq_reconciler.settings import DlqSettings, load_settings
+from services.dlq_reconciler.settings import DlqSettings
 from services.dlq_reconciler.store import Reconciler
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
@@ -41,7 +41,7 @@ def _consumer(settings: DlqSettings) -> Callable[[ServiceContext], None]:
 
 
 def build_spec(settings: DlqSettings | None = None) -> ServiceSpec:
-    settings = settings or load_settings()
+    settings = settings or DlqSettings.load()
     return ServiceSpec(
         name=settings.service_name,
         database=settings.service_database,

@@ -11,7 +11,6 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from flotilla.fleet import DLQ_RECONCILER
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 from services.dlq_reconciler.auth import OperatorTokens
 
 # The demo's operator token. Its digest stands in for an unset FLOTILLA_OPERATOR_TOKENS in
@@ -77,8 +76,3 @@ class DlqSettings(ServiceSettings):
         tokens = OperatorTokens(self.operator_tokens)
         demo = any(isinstance(t, str) and t.strip().lower() == DEMO_OPERATOR_DIGEST for t in self.operator_tokens)
         return tokens, demo
-
-
-def load_settings(**overrides: Any) -> DlqSettings:
-    path = default_env_file()
-    return DlqSettings(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

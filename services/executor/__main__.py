@@ -1,10 +1,8 @@
-"""``python -m services.executor``: run the executor until SIGTERM."""
+"""python -m services.executor: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from __future__ import annotations
-
-from flotilla.runner import start
-from services.executor.service import spec
+from flotilla.runner import run_service
+from services.executor.service import build_spec
 from services.executor.settings import ExecutorSettings
 
 if __name__ == "__main__":
-    start(spec(), ExecutorSettings.load())
+    run_service(build_spec, ExecutorSettings)

@@ -41,16 +41,25 @@ def executor_settings(ctx: ServiceContext) -> ExecutorSettings:
     return ExecutorSettings(**ctx.settings.model_dump())
 
 
+def build_spec(settings: ExecutorSettings | None = None) -> ServiceSpec:
+    """The ServiceSpec, as ``__main__`` runs it."""
+    return spec(settings=settings or ExecutorSettings.load())
+
+
 def spec(
     target: TargetFactory | None = None,
     clock: Callable[[], datetime] | None = None,
+    *,
+    settings: ExecutorSettings | None = None,
     **overrides: Any,
 ) -> ServiceSpec:
     """The executor's ServiceSpec; ``target`` replaces the one the settings select (tests,
-    other deployments), ``overrides`` replace ServiceSpec fields (e.g. topics in tests)."""
+    other deployments), ``overrides`` replace ServiceSpec fields (e.g. topics in tests).
+    Without ``settings``, the handlers read the ones the service was started with."""
+    given = settings
 
     def handlers(ctx: ServiceContext) -> Mapping[str, Handler]:
-        settings = executor_settings(ctx)
+        settings = given or executor_settings(ctx)
         action_target = target(settings) if target is not None else settings.build_target()
         executor = Executor(ctx.pool, action_target, settings.executor_config())
         keyring = settings.authorization_keyring()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -14,7 +14,6 @@ from flotilla.authority import required_keyring
 from flotilla.fleet import EXECUTOR
 from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 from services.executor.execution import ExecutorConfig
 from services.executor.namespaces import EnvironmentNamespaces
 from services.executor.targets import ActionTarget, KubernetesTarget, SimTarget
@@ -77,11 +76,6 @@ class ExecutorSettings(ServiceSettings):
         if self.sim_action_token is not None and not self.sim_action_token.get_secret_value().strip():
             raise ValueError("FLOTILLA_SIM_ACTION_TOKEN is empty")
         return self
-
-    @classmethod
-    def load(cls, **overrides: Any) -> ExecutorSettings:
-        path = default_env_file()
-        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
 
     def authorization_keyring(self) -> Keyring:
         return required_keyring(

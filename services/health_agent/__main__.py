@@ -1,16 +1,8 @@
-"""``python -m services.health_agent``"""
+"""python -m services.health_agent: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from __future__ import annotations
-
-from flotilla.runner import start
+from flotilla.runner import run_service
 from services.health_agent.service import build_spec
-from services.health_agent.settings import load_settings
-
-
-def main() -> None:
-    settings = load_settings()
-    start(build_spec(settings), settings)
-
+from services.health_agent.settings import HealthSettings
 
 if __name__ == "__main__":
-    main()
+    run_service(build_spec, HealthSettings)

@@ -15,13 +15,13 @@ from flotilla.runner import ServiceSpec
 from services.health_agent.handlers import make_handlers
 from services.health_agent.metrics_source import SimMetrics
 from services.health_agent.scrape import Scraper
-from services.health_agent.settings import HealthSettings, load_settings
+from services.health_agent.settings import HealthSettings
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
 
 def build_spec(settings: HealthSettings | None = None, source: SimMetrics | None = None) -> ServiceSpec:
-    settings = settings or load_settings()
+    settings = settings or HealthSettings.load()
     return ServiceSpec(
         name=settings.service_name,
         database=settings.service_database,

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.fleet import HEALTH, SIM, url
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 
 
 class HealthSettings(ServiceSettings):
@@ -26,8 +23,3 @@ class HealthSettings(ServiceSettings):
     health_verify_seconds: float = 5.0  # FLOTILLA_HEALTH_VERIFY_SECONDS: verification window
     health_default_environment: str = "production"  # for metrics without an environment label
     incidents_topic: str = "incidents"
-
-
-def load_settings(**overrides: Any) -> HealthSettings:
-    path = default_env_file()
-    return HealthSettings(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

@@ -1,18 +1,8 @@
-"""``python -m services.policy``: run the policy service until SIGTERM."""
+"""python -m services.policy: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from __future__ import annotations
-
-from flotilla import runner
-from flotilla.fleet import POLICY
-from services.policy.runtime import PolicyRuntime
-from services.policy.service import DATABASE, build_spec
+from flotilla.runner import run_service
+from services.policy.service import build_spec
 from services.policy.settings import PolicySettings
 
-
-def main() -> None:
-    settings = PolicySettings.load(service_name=POLICY.name, service_database=DATABASE)
-    runner.start(build_spec(PolicyRuntime.from_settings(settings)), settings)
-
-
 if __name__ == "__main__":
-    main()
+    run_service(build_spec, PolicySettings)

@@ -20,7 +20,7 @@ from services.policy.settings import PolicySettings
 DATABASE = POLICY.database or "flotilla_policy"
 
 
-def build_spec(runtime: PolicyRuntime | None = None, *, settings: PolicySettings | None = None) -> ServiceSpec:
+def build_spec(settings: PolicySettings | None = None, *, runtime: PolicyRuntime | None = None) -> ServiceSpec:
     """The ServiceSpec; ``runtime`` (engine, inventory, users, TTL, dry run) defaults to
     the one the settings describe."""
     rt = runtime or PolicyRuntime.from_settings(settings or PolicySettings.load())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -12,7 +12,6 @@ from flotilla.authority import Signer, required_keyring, required_signer
 from flotilla.fleet import POLICY, SIM, url
 from flotilla.keys import Keyring
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 from services.policy.auth import DEMO_USERS, TokenStore, UsersConfigError
 
 
@@ -50,11 +49,6 @@ class PolicySettings(ServiceSettings):
     approval_ttl_seconds: float = 900.0
     approval_sweep_seconds: float = 1.0
     approval_required_role: str = "approver"
-
-    @classmethod
-    def load(cls, **overrides: Any) -> PolicySettings:
-        path = default_env_file()
-        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]
 
     def authorization_signer(self) -> Signer:
         return required_signer(

@@ -1,17 +1,8 @@
-"""``python -m services.remediation_agent``: run the remediation agent until SIGTERM."""
+"""python -m services.remediation_agent: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from __future__ import annotations
-
-from flotilla.runner import start
+from flotilla.runner import run_service
 from services.remediation_agent.service import build_spec
 from services.remediation_agent.settings import RemediationSettings
 
-
-def main() -> None:
-    settings = RemediationSettings.load()
-    spec, _ = build_spec(settings)
-    start(spec, settings)
-
-
 if __name__ == "__main__":
-    main()
+    run_service(build_spec, RemediationSettings)

@@ -14,7 +14,7 @@ from services.remediation_agent.settings import RemediationSettings
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
 
 
-def build_spec(
+def build_agent(
     settings: RemediationSettings | None = None,
     *,
     reasoner: Reasoner | None = None,
@@ -37,3 +37,8 @@ def build_spec(
         periodic=agent.worker.periodic(settings.propose_workers),
     )
     return spec, agent
+
+
+def build_spec(settings: RemediationSettings | None = None) -> ServiceSpec:
+    """The ServiceSpec alone, as ``__main__`` runs it."""
+    return build_agent(settings)[0]

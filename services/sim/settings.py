@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla.fleet import SIM
 from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 from services.sim.auth import check_action_token
 
 
@@ -30,8 +27,3 @@ class SimSettings(ServiceSettings):
         if value is not None:
             check_action_token(value.get_secret_value())
         return value
-
-    @classmethod
-    def load(cls, **overrides: Any) -> SimSettings:
-        path = default_env_file()
-        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
@@ -38,11 +37,12 @@ from flotilla.settings import StackSettings
 from flotilla.testing.producing import ordered_producer
 from flotilla.testing.samples import latency_fact
 from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings
-from services.diagnostic_agent import build_spec as diagnostic_spec
+from services.diagnostic_agent import build_agent as diagnostic_spec
 from services.remediation_agent import RemediationSettings
-from services.remediation_agent import build_spec as remediation_spec
+from services.remediation_agent import build_agent as remediation_spec
 from services.remediation_agent.plan import digest_matches
 from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, ThreadedServer, diagnosis_answer, hallucinated
+from tests.integration.kafka_wait import fresh_topic
 from tests.signing import AGENT_KEY, AGENT_SIGNER, write_key
 
 pytestmark = pytest.mark.timeout(240)
@@ -201,12 +201,8 @@ def remediation(
 @pytest.fixture()
 def topic(stack: StackSettings) -> Iterator[str]:
     """A fresh input topic and its DLQ, deleted afterwards."""
-    name = f"it-agents-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    for future in admin.create_topics([NewTopic(name, 1, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
-        future.result(15)
-    yield name
-    admin.delete_topics([name, f"{name}.dlq"])
+    with fresh_topic(stack.kafka_bootstrap, "it-agents") as name:
+        yield name
 
 
 def on_topic(ctx: ServiceContext, topic: str, *, handlers_of: ServiceContext | None = None) -> ConsumerLoop:
@@ -461,6 +457,23 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
     assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
 
 
+def _opened_while_the_sim_is_down(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> str:
+    """An incident whose diagnosis found no evidence: its deferred request became a job."""
+    ctx, agent = diagnostic
+    incident = new_incident()
+    fake_sim.available = False
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(ctx, topic), 2)
+    agent.worker.run_due(ctx)  # no evidence: the deferred diagnosis becomes a job
+    return incident
+
+
 def test_a_sim_that_does_not_answer_is_retried_through_a_job(
     stack: StackSettings,
     serde: AvroSerde,
@@ -469,11 +482,7 @@ def test_a_sim_that_does_not_answer_is_retried_through_a_job(
     topic: str,
 ) -> None:
     ctx, agent = diagnostic
-    incident = new_incident()
-    fake_sim.available = False
-    produce(stack, topic, serde, incident_opened(incident))
-    drain(on_topic(ctx, topic), 2)
-    agent.worker.run_due(ctx)  # no evidence: the deferred diagnosis becomes a job
+    incident = _opened_while_the_sim_is_down(stack, serde, diagnostic, fake_sim, topic)
     [(record_type, started, _)] = outbox(ctx, incident)
     assert record_type == DIAGNOSTIC_JOB_STARTED  # not a dead letter
     job_id = str(started["jobId"])
@@ -495,11 +504,7 @@ def test_a_job_past_its_deadline_without_evidence_escalates(
     topic: str,
 ) -> None:
     ctx, agent = diagnostic
-    incident = new_incident()
-    fake_sim.available = False
-    produce(stack, topic, serde, incident_opened(incident))
-    drain(on_topic(ctx, topic), 2)
-    agent.worker.run_due(ctx)  # no evidence: the deferred diagnosis becomes a job
+    incident = _opened_while_the_sim_is_down(stack, serde, diagnostic, fake_sim, topic)
     [(_, started, started_headers)] = outbox(ctx, incident)
     deadline = scalar(ctx, "SELECT deadline FROM diagnostic_jobs WHERE job_id = %s", str(started["jobId"]))
     assert agent.finish_one(ctx, now=deadline + timedelta(seconds=1)) == INCIDENT_ESCALATED
@@ -518,11 +523,9 @@ def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
 ) -> None:
     ctx, settings = remediation
     incident = new_incident()
-    records = incident_opened(incident)
-    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
-    record_type, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
-    assert record_type == DEPENDENCY_FAILURE_SUSPECTED
-    records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
+    records = _diagnosed(incident)
+    diagnosis_env = records[-1][1]
+    assert diagnosis_env.type == DEPENDENCY_FAILURE_SUSPECTED
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 3)
     assert outbox(ctx, incident) == []  # the handler only deferred the diagnosis
@@ -564,11 +567,7 @@ def test_a_model_that_cannot_plan_escalates_instead_of_proposing(
     reasoner = LLMReasoner(base_url=llm.base_url, model="test-model", timeout=10, max_retries=0)
     spec, _ = remediation_spec(settings, reasoner=reasoner)
     llm_ctx = ServiceContext(spec, settings, ctx.pool, ctx.serde)
-    records = incident_opened(incident)
-    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
-    _, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
-    records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
-    produce(stack, topic, serde, records)
+    produce(stack, topic, serde, _diagnosed(incident))
     drain(on_topic(llm_ctx, topic), 3)
     run_deferred(llm_ctx)
 
@@ -634,10 +633,8 @@ def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_retried_th
     spec, agent = remediation_spec(settings)
     ctx = ServiceContext(spec, settings, ctx.pool, ctx.serde)
     incident = new_incident()
-    records = incident_opened(incident)
-    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
-    _, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
-    records.append(({"eventId": diagnosis_env.id, **value}, diagnosis_env))
+    records = _diagnosed(incident)
+    diagnosis_env = records[-1][1]
     fake_sim.available = False
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 3)

@@ -425,14 +425,14 @@ def test_a_timeline_page_counts_from_the_incidents_first_record_and_links_causes
 def test_audit_settings_default_to_every_topic_and_a_key_beside_the_stack_env(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from services.audit.settings import load_settings
+    from services.audit.settings import AuditSettings
 
     for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
         monkeypatch.delenv(name)
 
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / ".stack" / "stack.env"))
-    settings = load_settings()
+    settings = AuditSettings.load()
     assert settings.audit_topics == ("incidents", "commands", "incidents.dlq", "commands.dlq")
     assert settings.signing_key_path == tmp_path / ".stack" / "audit" / "signing-key.pem"
     monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "k.pem"))
-    assert load_settings().signing_key_path == tmp_path / "k.pem"
+    assert AuditSettings.load().signing_key_path == tmp_path / "k.pem"

@@ -302,18 +302,18 @@ def test_configured_tokens_must_be_digests_not_tokens() -> None:
 def test_settings_read_operator_tokens_and_topics_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from services.dlq_reconciler.settings import load_settings
+    from services.dlq_reconciler.settings import DlqSettings
 
     for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
         monkeypatch.delenv(name)
 
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
-    assert load_settings().operator_tokens is None  # not configured
-    assert load_settings().dlq_topics == ("incidents.dlq", "commands.dlq")
+    assert DlqSettings.load().operator_tokens is None  # not configured
+    assert DlqSettings.load().dlq_topics == ("incidents.dlq", "commands.dlq")
     alice = digest("alices-token")
     monkeypatch.setenv("FLOTILLA_OPERATOR_TOKENS", f'["{digest("x")}", {{"name": "alice", "sha256": "{alice}"}}]')
     monkeypatch.setenv("FLOTILLA_DLQ_TOPICS", '["a.dlq"]')
-    settings = load_settings()
+    settings = DlqSettings.load()
     assert settings.operator_tokens == [digest("x"), {"name": "alice", "sha256": alice}]
     assert settings.dlq_topics == ("a.dlq",)
     operators, demo = settings.operators()
@@ -394,7 +394,7 @@ def test_a_letter_planted_on_incidents_dlq_claiming_commands_goes_back_to_incide
 
 
 def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, profile: str | None, tokens: str | None) -> Any:
-    from services.dlq_reconciler.settings import load_settings
+    from services.dlq_reconciler.settings import DlqSettings
 
     for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:
         monkeypatch.delenv(name)
@@ -403,7 +403,7 @@ def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, profile: str | None
         monkeypatch.setenv("FLOTILLA_PROFILE", profile)
     if tokens is not None:
         monkeypatch.setenv("FLOTILLA_OPERATOR_TOKENS", tokens)
-    return load_settings()
+    return DlqSettings.load()
 
 
 @pytest.mark.parametrize("tokens", [None, "", "  "])  # compose and Kubernetes pass "" for "not set"

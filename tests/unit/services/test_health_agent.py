@@ -225,13 +225,13 @@ def test_parse_refuses_what_is_not_prometheus_text() -> None:
 
 
 def test_settings_come_from_flotilla_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from services.health_agent.settings import load_settings
+    from services.health_agent.settings import HealthSettings
 
     for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:  # nothing of the shell leaks in
         monkeypatch.delenv(name)
 
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
-    defaults = load_settings()
+    defaults = HealthSettings.load()
     assert (defaults.health_scrape_seconds, defaults.health_verify_seconds) == (1.0, 5.0)
     assert defaults.sim_url == "http://127.0.0.1:18110"
     assert (defaults.service_name, defaults.service_database, defaults.http_port) == (
@@ -242,6 +242,6 @@ def test_settings_come_from_flotilla_variables(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("FLOTILLA_HEALTH_SCRAPE_SECONDS", "0.5")
     monkeypatch.setenv("FLOTILLA_HEALTH_VERIFY_SECONDS", "30")
     monkeypatch.setenv("FLOTILLA_SIM_URL", "http://sim:18110")
-    settings = load_settings()
+    settings = HealthSettings.load()
     assert (settings.health_scrape_seconds, settings.health_verify_seconds) == (0.5, 30.0)
     assert settings.sim_url == "http://sim:18110"
