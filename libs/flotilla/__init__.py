@@ -10,6 +10,8 @@ names not listed in ``__all__`` are internal. One job per module:
 - ``consumer`` + ``handling`` + ``dedupe`` + ``deadletter``: the idempotent consumer loop
 - ``rawloop`` + ``rawrecords``: consuming and showing records undecoded (audit, DLQ)
 - ``workflow``: the incident state machine and budgets;  ``digest``: approval digests
+- ``deferred``: slow calls outside the consumer's transaction;  ``tracing``: OpenTelemetry spans
+- ``runner``: declaring (``ServiceSpec``) and running (``run_service``) a service;  ``fleet``: who is who
 - ``metrics`` + ``service``: the operational surface
 """
 
@@ -17,11 +19,13 @@ from flotilla.bootstrap import bootstrap_outbox, ensure_database
 from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register_all, subject_for
 from flotilla.deadletter import DeadLetter, Reason, dlq_topic
+from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.digest import command_digest
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
 from flotilla.outbox import Outbox
 from flotilla.rawloop import RawLoop
+from flotilla.runner import ServiceContext, ServiceSpec, run_service, start
 from flotilla.serde import (
     AvroSerde,
     RecordValidationError,
@@ -31,7 +35,7 @@ from flotilla.serde import (
     UnknownSchemaIdError,
     registry_client,
 )
-from flotilla.service import ServiceSettings, create_app, open_pool, run
+from flotilla.service import ServiceSettings, create_app, open_pool
 from flotilla.settings import StackSettings, load_settings
 from flotilla.workflow import (
     BudgetKind,
@@ -53,6 +57,7 @@ __all__ = [
     "Contract",
     "DeadLetter",
     "Envelope",
+    "Finish",
     "Handler",
     "HandlerContext",
     "IncidentState",
@@ -65,17 +70,22 @@ __all__ = [
     "RecordValidationError",
     "SchemaNotRegisteredError",
     "SerdeError",
+    "ServiceContext",
     "ServiceSettings",
+    "ServiceSpec",
     "StackSettings",
     "StaleTransition",
     "Status",
     "UndecodableRecordError",
     "UnknownSchemaIdError",
+    "Work",
+    "Worker",
     "WorkflowStore",
     "accepts",
     "bootstrap_outbox",
     "command_digest",
     "create_app",
+    "defer",
     "dlq_topic",
     "ensure_database",
     "load_contracts",
@@ -84,7 +94,8 @@ __all__ = [
     "open_pool",
     "register_all",
     "registry_client",
-    "run",
+    "run_service",
+    "start",
     "subject_for",
     "transition",
 ]

@@ -19,7 +19,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import ConnectionPool
 from pydantic_settings import SettingsConfigDict
 
-from flotilla.consumer import ConsumerLoop
 from flotilla.settings import StackSettings, default_env_file
 
 log = logging.getLogger(__name__)
@@ -93,21 +92,3 @@ def serve_http(app: FastAPI, host: str, port: int) -> uvicorn.Server:
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
     threading.Thread(target=server.run, name="http", daemon=True).start()
     return server
-
-
-def run(loop: ConsumerLoop, settings: ServiceSettings, pool: ConnectionPool[Any], app: FastAPI | None = None) -> None:
-    """Run a service until SIGTERM/SIGINT: HTTP on a thread, the loop on this one."""
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    server = None
-    if settings.http_port:
-        app = app or create_app(settings.service_name, lambda: database_ready(pool) and not loop.stopping)
-        server = serve_http(app, settings.http_host, settings.http_port)
-    loop.install_signal_handlers()
-    log.info("%s consuming %s", settings.service_name, ", ".join(loop.config.topics))
-    try:
-        loop.run()
-    finally:
-        if server is not None:
-            server.should_exit = True
-        pool.close()
-        log.info("%s stopped", settings.service_name)
