@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from flotilla.envelope import Envelope
@@ -87,11 +88,10 @@ def summary(kind: str, value: dict[str, Any]) -> str:
 
 
 def approve_command(proposal: str, digest: str) -> str:
-    return (
-        f"curl -s -X POST {POLICY_URL}/approvals/{proposal}/approve "
-        f"-H 'Authorization: Bearer {APPROVER_TOKEN}' -H 'Content-Type: application/json' "
-        f"-d '{json.dumps({'digest': digest})}'"
-    )
+    """What a person runs to approve: the CLI shows the proposal, asks, and approves only
+    this digest (the demo's approver token; a real one comes from FLOTILLA_TOKEN)."""
+    cli = ".venv/bin/flotilla" if Path(".venv/bin/flotilla").exists() else "flotilla"  # the checkout's, or the image's
+    return f"FLOTILLA_TOKEN={APPROVER_TOKEN} {cli} approve {proposal} --digest {digest}"
 
 
 def main() -> int:
