@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format bench-outbox bench-authority clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-authority clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,11 +60,15 @@ stack-status: $(STAMP) ## Each component: up/down, endpoint, version, log file
 schemas: $(STAMP) ## Register every contract in schemas/ with the registry
 	$(PY) -m flotilla.contracts
 
-lint: $(STAMP) ## ruff (lint + format check), mypy, and the import layers (pyproject [tool.importlinter])
+lint: $(STAMP) ## ruff (lint + format check), mypy, the import layers (pyproject [tool.importlinter]), current typed records
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/python -m flotilla_ops.genrecords --check
+
+records: $(STAMP) ## Regenerate libs/flotilla/records.py (the typed records) from schemas/
+	$(VENV)/bin/python -m flotilla_ops.genrecords
 
 format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format .

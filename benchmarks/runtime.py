@@ -30,6 +30,7 @@ from flotilla.bootstrap import bootstrap_outbox
 from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, load_contracts, register, register_all
 from flotilla.handling import HandlerContext
+from flotilla.records import DiagnosisRequested
 from flotilla.serde import AvroSerde, registry_client
 from flotilla.settings import StackSettings, load_settings
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
@@ -38,7 +39,7 @@ DB = "flotilla_bench_runtime"
 # The handler's records go to a topic of their own: on `incidents` every service of a
 # running fleet would have to read them.
 OUT_TOPIC = "bench-runtime-out"
-DIAGNOSIS_REQUESTED = "dev.flotilla.incidents.DiagnosisRequested"
+DIAGNOSIS_REQUESTED = DiagnosisRequested.TYPE
 RECOVERY_PROPOSED = "dev.flotilla.decisions.RecoveryProposed"
 
 
@@ -97,7 +98,7 @@ def handlers() -> dict[str, Any]:
     def on_latency(ctx: HandlerContext) -> None:
         incident = ctx.incoming.value["incidentId"]
         ctx.conn.execute("INSERT INTO bench_effects (incident_id) VALUES (%s)", (incident,))
-        ctx.emit(OUT_TOPIC, incident, DIAGNOSIS_REQUESTED, {**template, "incidentId": incident})
+        ctx.emit(DiagnosisRequested.from_value({**template, "incidentId": incident}), key=incident, topic=OUT_TOPIC)
 
     return {SERVICE_LATENCY_INCREASED: on_latency}
 

@@ -42,8 +42,10 @@ from psycopg_pool import ConnectionPool
 from flotilla import dedupe, metrics, tracing
 from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
+from flotilla.escalation import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused
 from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
+from flotilla.records import BudgetExceeded, IncidentEscalated, LoopTerminated
 from flotilla.serde import AvroSerde, RegistryUnavailableError, SerdeError, UnknownSchemaIdError
 from flotilla.settings import StackSettings
 from flotilla.workflow import (
@@ -65,11 +67,6 @@ _LOST_PARTITIONS = frozenset(
     {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS}
 )
 
-LOOP_TERMINATED = "dev.flotilla.incidents.LoopTerminated"
-BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
-INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
-REPORT_TOPIC = "incidents"
-ESCALATION_TARGET = "on-call"  # who an escalated incident is routed to
 _REPORT_IDS = uuid.UUID("3f0c2a6e-9b7d-4c1e-8a55-1d2e3f4a5b6c")  # namespace of refusal reports' ids
 
 
@@ -577,51 +574,34 @@ class ConsumerLoop:
         ctx = HandlerContext(conn, incoming, state, self._outbox, self.config.source, pending)
         incident = state.incident_id
         now = datetime.now(UTC)
-        exceeded_env = ctx.emit(
-            REPORT_TOPIC,
-            incident,
-            BUDGET_EXCEEDED,
-            {
-                "incidentId": incident,
-                "budget": exceeded.kind.value,
-                "limit": exceeded.limit,
-                "used": exceeded.used,
-                "detectedBy": self.config.name,
-                "exceededAt": now,
-            },
+        overrun_record = BudgetExceeded(
+            incident_id=incident,
+            budget=exceeded.kind.value,
+            limit=exceeded.limit,
+            used=exceeded.used,
+            detected_by=self.config.name,
+            exceeded_at=now,
         )
-        ctx.emit(
-            REPORT_TOPIC,
-            incident,
-            INCIDENT_ESCALATED,
-            {
-                "incidentId": incident,
-                "reason": f"{exceeded.kind.value} budget exceeded: used {exceeded.used} of {exceeded.limit}",
-                "causeEventId": exceeded_env.id,
-                "causeType": BUDGET_EXCEEDED,
-                "escalatedTo": ESCALATION_TARGET,
-                "escalatedAt": now,
-            },
-        )
-        states.put(transition(state, INCIDENT_ESCALATED, event_id=incoming.envelope.id, at=now))
+        reason = f"{exceeded.kind.value} budget exceeded: used {exceeded.used} of {exceeded.limit}"
+        ctx.emit(escalation(incident, reason, cause=ctx.emit(overrun_record, key=incident), at=now), key=incident)
+        states.put(transition(state, IncidentEscalated.TYPE, event_id=incoming.envelope.id, at=now))
         metrics.BUDGETS_EXCEEDED.labels(self.config.name, exceeded.kind.value).inc()
 
     def _report_refusal(self, conn: psycopg.Connection[Any], refused: Incoming, exc: RecordRefused) -> None:
         """Emit the refusal's report (the refused record's own effects are rolled back)."""
         if exc.report is None:
             return
-        report = exc.report
+        report = exc.report.record
         envelope = refused.envelope.caused(
-            report.record_type,
+            report.TYPE,
             self.config.source,
             id=str(uuid.uuid5(_REPORT_IDS, f"{self.config.name}/{refused.envelope.id}")),
         )
-        row = self._outbox.row(
-            topic=report.topic, key=report.key, value={"eventId": envelope.id, **report.value}, envelope=envelope
-        )
+        value = {"eventId": envelope.id, **report.to_value()}
+        row = self._outbox.row(topic=report.TOPIC, key=exc.report.key, value=value, envelope=envelope)
         with conn.transaction():
             Outbox.insert(conn, [row], if_absent=True)
-        metrics.count_produced(self.config.source, report.topic, report.record_type)
+        metrics.count_produced(self.config.source, report.TOPIC, report.TYPE)
 
     def _report_loop(self, dropped: Incoming, pending: list[OutboxRow]) -> None:
         """A record whose hop budget is spent: count it and report it once, never handle it."""
@@ -633,31 +613,33 @@ class ConsumerLoop:
             return
         metrics.LOOP_DROPS.labels(self.config.name).inc()
         log.warning("dropping %s %s: hop budget spent", envelope.type, envelope.id)
-        if envelope.type == LOOP_TERMINATED:
+        if envelope.type == LoopTerminated.TYPE:
             return  # never report a report: that could loop too
         report = Envelope(
-            type=LOOP_TERMINATED,
+            type=LoopTerminated.TYPE,
             source=self.config.source,
             correlationid=envelope.correlationid,
             causationid=envelope.id,
             hops=1,  # a terminal report: whatever reacts to it is dropped at once
         )
-        value = {
-            "eventId": report.id,
-            "incidentId": envelope.correlationid,
-            "droppedEventId": envelope.id,
-            "droppedType": envelope.type,
-            "droppedCausationId": envelope.causationid,
-            "consumer": self.config.name,
-            "originTopic": dropped.topic,
-            "originPartition": dropped.partition,
-            "originOffset": dropped.offset,
-            "hops": envelope.hops,
-            "terminatedAt": datetime.now(UTC),
-        }
+        terminated = LoopTerminated(
+            event_id=report.id,
+            incident_id=envelope.correlationid,
+            dropped_event_id=envelope.id,
+            dropped_type=envelope.type,
+            dropped_causation_id=envelope.causationid,
+            consumer=self.config.name,
+            origin_topic=dropped.topic,
+            origin_partition=dropped.partition,
+            origin_offset=dropped.offset,
+            hops=envelope.hops,
+            terminated_at=datetime.now(UTC),
+        )
         try:
             pending.append(
-                self._outbox.row(topic=REPORT_TOPIC, key=envelope.correlationid, value=value, envelope=report)
+                self._outbox.row(
+                    topic=terminated.TOPIC, key=envelope.correlationid, value=terminated.to_value(), envelope=report
+                )
             )
         except SerdeError as exc:
             # e.g. a foreign producer's non-UUID ce_id: still dropped, reported in the log

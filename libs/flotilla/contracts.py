@@ -78,15 +78,15 @@ def _read(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON: {exc}") from exc
 
 
-def _qualify(name: str, namespace: str | None) -> str:
+def qualified_name(name: str, namespace: str | None) -> str:
     """Avro's rule: a dotted name is already full; a bare one lives in the enclosing namespace."""
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
-def _defined_name(schema: dict[str, Any], namespace: str | None) -> tuple[str, str | None]:
+def defined_name(schema: dict[str, Any], namespace: str | None) -> tuple[str, str | None]:
     """(full name, namespace its nested types inherit) of a named type's definition."""
     name = str(schema["name"])
-    full = name if "." in name else _qualify(name, schema.get("namespace", namespace) or None)
+    full = name if "." in name else qualified_name(name, schema.get("namespace", namespace) or None)
     return full, full.rpartition(".")[0] or None
 
 
@@ -118,7 +118,7 @@ class _Inliner:
             return schema
         kind = schema.get("type")
         if kind in _NAMED and "name" in schema:
-            full, inner = _defined_name(schema, namespace)
+            full, inner = defined_name(schema, namespace)
             self._defined.add(full)  # before the fields: a record may refer to itself
             if kind in ("record", "error"):
                 fields = [{**f, "type": self.expand(f["type"], inner)} for f in schema.get("fields", [])]
@@ -134,7 +134,7 @@ class _Inliner:
     def _reference(self, name: str, namespace: str | None) -> Any:
         if name in _PRIMITIVES:
             return name
-        full = _qualify(name, namespace)
+        full = qualified_name(name, namespace)
         if full in self._defined:
             return name
         definitions = self._index.get(full, [])
@@ -158,7 +158,7 @@ def _index(files: Sequence[tuple[Path, Any]]) -> dict[str, list[_Definition]]:
     index: dict[str, list[_Definition]] = {}
     for path, schema in files:
         if isinstance(schema, dict) and schema.get("type") in _NAMED and "name" in schema:
-            full, _ = _defined_name(schema, None)
+            full, _ = defined_name(schema, None)
             index.setdefault(full, []).append(_Definition(path, schema))
     return index
 

@@ -38,6 +38,7 @@ from psycopg.types.json import Jsonb
 from flotilla import tracing
 from flotilla.envelope import Envelope
 from flotilla.handling import HandlerContext, Incoming
+from flotilla.typedrecord import Record
 from flotilla.workflow import IncidentState, WorkflowStore
 
 if TYPE_CHECKING:
@@ -154,14 +155,13 @@ class Finish:
         """The deferred record (as a handler's ``ctx.incoming``)."""
         return self.work.record
 
-    def emit(self, topic: str, key: str, record_type: str, value: dict[str, Any]) -> Envelope:
+    def emit(self, record: Record, *, key: str, topic: str | None = None) -> Envelope:
         """Append a record caused by the deferred one, in this transaction."""
         return self._ctx.emit(
             self.conn,
-            topic=topic,
+            record,
             key=key,
-            record_type=record_type,
-            value=value,
+            topic=topic,
             correlation=self.work.incident_id,
             cause=self.work.record.envelope,
         )

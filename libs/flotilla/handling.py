@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -19,7 +19,10 @@ from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox, OutboxRow
 from flotilla.serde import AvroSerde
+from flotilla.typedrecord import Record
 from flotilla.workflow import IncidentState
+
+R = TypeVar("R", bound=Record)
 
 
 class BusinessRuleViolation(Exception):
@@ -30,10 +33,8 @@ class BusinessRuleViolation(Exception):
 class Report:
     """A fact about a refused record, emitted although the record itself had no effect."""
 
-    topic: str
     key: str
-    record_type: str
-    value: dict[str, Any]
+    record: Record
 
 
 class RecordRefused(BusinessRuleViolation):
@@ -64,6 +65,13 @@ class Incoming:
     record_type: str
     value: dict[str, Any]
 
+    def typed(self, record_class: type[R]) -> R:
+        """The value as its typed record (``flotilla.records``); a record of another type
+        is a programming error (the handler was registered for the wrong type)."""
+        if self.record_type != record_class.TYPE:
+            raise TypeError(f"a {self.record_type} record read as {record_class.TYPE}")
+        return record_class.from_value(self.value)
+
 
 class HandlerContext:
     """What a handler may touch: the transaction, the incident state, and the outbox."""
@@ -86,17 +94,19 @@ class HandlerContext:
         self._source = source
         self._pending = pending
 
-    def emit(self, topic: str, key: str, record_type: str, value: dict[str, Any]) -> Envelope:
-        """Append a record caused by the incoming one (same transaction, one hop fewer).
+    def emit(self, record: Record, *, key: str, topic: str | None = None) -> Envelope:
+        """Append a record caused by the incoming one (same transaction, one hop fewer), on
+        its type's topic (or ``topic``, for a service configured with another).
 
-        A fact's ``eventId`` is its envelope's id: it is filled in here when absent. The
+        A fact's ``eventId`` is its envelope's id: it is filled in here when left empty. The
         value is validated now (an invalid record raises here, in the handler); the row is
         inserted by the consumer loop, in bulk, before the transaction commits.
         """
-        envelope = self.incoming.envelope.caused(record_type, self._source)
-        value = {"eventId": envelope.id, **value}
+        envelope = self.incoming.envelope.caused(record.TYPE, self._source)
+        value = {"eventId": envelope.id, **record.to_value()}
+        topic = topic or record.TOPIC
         self._pending.append(self._outbox.row(topic=topic, key=key, value=value, envelope=envelope))
-        metrics.count_produced(self._source, topic, record_type)
+        metrics.count_produced(self._source, topic, record.TYPE)
         self.emitted.append(envelope)
         return envelope
 

@@ -31,6 +31,7 @@ from flotilla.handling import Handler
 from flotilla.outbox import Outbox, allow_topics
 from flotilla.serde import AvroSerde, registry_client
 from flotilla.service import ServiceSettings, create_app, database_ready, open_pool, serve_http
+from flotilla.typedrecord import Record
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +53,18 @@ class ServiceContext:
     def emit(
         self,
         conn: psycopg.Connection[Any],
+        record: Record,
         *,
-        topic: str,
         key: str,
-        record_type: str,
-        value: dict[str, Any],
         correlation: str,
         cause: Envelope | None = None,
+        topic: str | None = None,
     ) -> Envelope:
         """Append a record that no consumed record caused directly (a timer, a person, a
         scrape), inside the caller's transaction. With ``cause`` it continues that
         record's chain (causation, hops, trace); without, it starts a new one. Counted in
         ``flotilla_records_produced_total`` once appended, like a handler's emit."""
+        record_type, topic = record.TYPE, topic or record.TOPIC
         if cause is not None and tracing.current_traceparent(cause.trace_id) is not None:
             envelope = cause.caused(record_type, self.source)  # a child of the span in progress
         else:
@@ -77,7 +78,9 @@ class ServiceContext:
                     envelope = Envelope(type=record_type, source=self.source, correlationid=correlation)
                     if traceparent is not None:
                         envelope = dataclasses.replace(envelope, traceparent=traceparent)
-        self.outbox.append(conn, topic=topic, key=key, value={"eventId": envelope.id, **value}, envelope=envelope)
+        self.outbox.append(
+            conn, topic=topic, key=key, value={"eventId": envelope.id, **record.to_value()}, envelope=envelope
+        )
         metrics.count_produced(self.source, topic, record_type)
         return envelope
 

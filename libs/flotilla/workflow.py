@@ -19,6 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from flotilla import records as r
+
 
 class Status(enum.StrEnum):
     NEW = "NEW"  # no record seen yet
@@ -42,32 +44,29 @@ S = Status
 TERMINAL = frozenset({S.RESOLVED, S.ESCALATED})
 OPEN = frozenset(Status) - TERMINAL - {S.NEW}
 
-_FACT = "dev.flotilla.incidents."
-_DECISION = "dev.flotilla.decisions."
-
 # record type -> (states that accept it, state it leads to; None = stays where it is)
 TRANSITIONS: dict[str, tuple[frozenset[Status], Status | None]] = {
-    _FACT + "ServiceLatencyIncreased": (frozenset({S.NEW}), S.DETECTED),
-    _FACT + "DiagnosisRequested": (frozenset({S.DETECTED}), S.DIAGNOSING),
-    _FACT + "DiagnosticJobStarted": (frozenset({S.DIAGNOSING}), None),
-    _DECISION + "DependencyFailureSuspected": (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
-    _DECISION + "DiagnosisConcluded": (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
+    r.ServiceLatencyIncreased.TYPE: (frozenset({S.NEW}), S.DETECTED),
+    r.DiagnosisRequested.TYPE: (frozenset({S.DETECTED}), S.DIAGNOSING),
+    r.DiagnosticJobStarted.TYPE: (frozenset({S.DIAGNOSING}), None),
+    r.DependencyFailureSuspected.TYPE: (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
+    r.DiagnosisConcluded.TYPE: (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
     # A newer proposal may supersede one still waiting for a decision.
-    _DECISION + "RecoveryProposed": (frozenset({S.DIAGNOSED, S.PROPOSED, S.AWAITING_APPROVAL}), S.PROPOSED),
-    _FACT + "HumanApprovalRequired": (frozenset({S.PROPOSED}), S.AWAITING_APPROVAL),
-    _FACT + "RecoveryApproved": (frozenset({S.PROPOSED, S.AWAITING_APPROVAL}), S.AUTHORIZED),
-    _FACT + "RecoveryRejected": (frozenset({S.AWAITING_APPROVAL}), S.REJECTED),
-    _FACT + "ApprovalExpired": (frozenset({S.AWAITING_APPROVAL}), S.EXPIRED),
-    _FACT + "CommandDenied": (frozenset({S.PROPOSED}), S.DENIED),
+    r.RecoveryProposed.TYPE: (frozenset({S.DIAGNOSED, S.PROPOSED, S.AWAITING_APPROVAL}), S.PROPOSED),
+    r.HumanApprovalRequired.TYPE: (frozenset({S.PROPOSED}), S.AWAITING_APPROVAL),
+    r.RecoveryApproved.TYPE: (frozenset({S.PROPOSED, S.AWAITING_APPROVAL}), S.AUTHORIZED),
+    r.RecoveryRejected.TYPE: (frozenset({S.AWAITING_APPROVAL}), S.REJECTED),
+    r.ApprovalExpired.TYPE: (frozenset({S.AWAITING_APPROVAL}), S.EXPIRED),
+    r.CommandDenied.TYPE: (frozenset({S.PROPOSED}), S.DENIED),
     # Multi-step plans execute step after step.
-    _FACT + "RecoveryExecuted": (frozenset({S.AUTHORIZED, S.EXECUTED}), S.EXECUTED),
-    _FACT + "CommandFailed": (frozenset({S.AUTHORIZED, S.EXECUTED}), S.FAILED),
-    _FACT + "RecoveryCompleted": (frozenset({S.EXECUTED}), S.RESOLVED),
-    _FACT + "RecoveryFailed": (frozenset({S.EXECUTED}), S.FAILED),
-    _FACT + "CompensationCompleted": (frozenset({S.FAILED}), S.COMPENSATED),
-    _FACT + "IncidentEscalated": (OPEN, S.ESCALATED),
-    _FACT + "BudgetExceeded": (OPEN, None),
-    _FACT + "LoopTerminated": (frozenset(Status) - {S.NEW}, None),
+    r.RecoveryExecuted.TYPE: (frozenset({S.AUTHORIZED, S.EXECUTED}), S.EXECUTED),
+    r.CommandFailed.TYPE: (frozenset({S.AUTHORIZED, S.EXECUTED}), S.FAILED),
+    r.RecoveryCompleted.TYPE: (frozenset({S.EXECUTED}), S.RESOLVED),
+    r.RecoveryFailed.TYPE: (frozenset({S.EXECUTED}), S.FAILED),
+    r.CompensationCompleted.TYPE: (frozenset({S.FAILED}), S.COMPENSATED),
+    r.IncidentEscalated.TYPE: (OPEN, S.ESCALATED),
+    r.BudgetExceeded.TYPE: (OPEN, None),
+    r.LoopTerminated.TYPE: (frozenset(Status) - {S.NEW}, None),
 }
 
 

@@ -151,7 +151,7 @@ class LLMReasoner:
                 "causeCategory": diagnosis.cause_category,
                 "summary": diagnosis.reasoning.summary,
                 "confidence": diagnosis.reasoning.confidence,
-                "evidence": [e.to_record() for e in diagnosis.reasoning.evidence],
+                "evidence": [e.to_record().to_value() for e in diagnosis.reasoning.evidence],
             },
             "topology": topology.to_json(),
         }

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from flotilla import records
+
 
 @dataclass(frozen=True)
 class TokenUsage:
@@ -29,8 +31,8 @@ class TokenUsage:
     def __add__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
 
-    def to_record(self) -> dict[str, Any]:
-        return {"promptTokens": self.prompt_tokens, "completionTokens": self.completion_tokens}
+    def to_record(self) -> records.TokenUsage:
+        return records.TokenUsage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
 
 
 @dataclass(frozen=True)
@@ -42,17 +44,14 @@ class EvidenceItem:
     description: str
     observed_value: str | None = None
 
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "source": self.source,
-            "description": self.description,
-            "observedValue": self.observed_value,
-        }
+    def to_record(self) -> records.Evidence:
+        return records.Evidence(
+            kind=self.kind, source=self.source, description=self.description, observed_value=self.observed_value
+        )
 
     @classmethod
-    def from_record(cls, value: Mapping[str, Any]) -> EvidenceItem:
-        return cls(value["kind"], value["source"], value["description"], value.get("observedValue"))
+    def from_record(cls, record: records.Evidence) -> EvidenceItem:
+        return cls(record.kind, record.source, record.description, record.observed_value)
 
 
 @dataclass(frozen=True)
@@ -66,26 +65,26 @@ class Reasoning:
     model: str | None = None
     usage: TokenUsage = field(default_factory=TokenUsage)
 
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "summary": self.summary,
-            "evidence": [e.to_record() for e in self.evidence],
-            "confidence": float(self.confidence),
-            "reasoner": self.reasoner,
-            "model": self.model,
-            "tokenUsage": self.usage.to_record(),
-        }
+    def to_record(self) -> records.Reasoning:
+        return records.Reasoning(
+            summary=self.summary,
+            evidence=tuple(e.to_record() for e in self.evidence),
+            confidence=float(self.confidence),
+            reasoner=self.reasoner,
+            model=self.model,
+            token_usage=self.usage.to_record(),
+        )
 
     @classmethod
-    def from_record(cls, value: Mapping[str, Any]) -> Reasoning:
-        usage = value.get("tokenUsage") or {}
+    def from_record(cls, record: records.Reasoning) -> Reasoning:
+        usage = record.token_usage
         return cls(
-            summary=value["summary"],
-            evidence=tuple(EvidenceItem.from_record(e) for e in value.get("evidence", ())),
-            confidence=float(value["confidence"]),
-            reasoner=value["reasoner"],
-            model=value.get("model"),
-            usage=TokenUsage(int(usage.get("promptTokens", 0)), int(usage.get("completionTokens", 0))),
+            summary=record.summary,
+            evidence=tuple(EvidenceItem.from_record(e) for e in record.evidence),
+            confidence=record.confidence,
+            reasoner=record.reasoner,
+            model=record.model,
+            usage=TokenUsage(usage.prompt_tokens, usage.completion_tokens),
         )
 
 

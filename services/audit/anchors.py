@@ -19,10 +19,10 @@ import logging
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from flotilla.records import ChainAnchored
 from flotilla.runner import ServiceContext
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import KafkaTarget, kafka_connection
@@ -30,7 +30,6 @@ from services.audit.chain import Anchor, Signer, anchor
 
 log = logging.getLogger(__name__)
 
-CHAIN_ANCHORED = "dev.flotilla.audit.ChainAnchored"
 CHAIN = "audit"  # the key and correlation id of every anchor: one chain
 
 ANCHOR_MIGRATION = """
@@ -53,9 +52,7 @@ def publisher(signer: Signer, topic: str) -> Callable[[ServiceContext], None]:
             if head is None or int(head[0]) == 0 or (last is not None and last[0] == head[0]):
                 return
             made = anchor(int(head[0]), bytes(head[1]), signer, ctx.now())
-            envelope = ctx.emit(
-                conn, topic=topic, key=CHAIN, record_type=CHAIN_ANCHORED, value=_value(made), correlation=CHAIN
-            )
+            envelope = ctx.emit(conn, _record(made), key=CHAIN, correlation=CHAIN, topic=topic)
             conn.execute(
                 "INSERT INTO audit_anchors (seq, entry_hash, event_id, anchored_at) VALUES (%s, %s, %s, %s)",
                 (made.seq, made.entry_hash, envelope.id, made.anchored_at),
@@ -65,14 +62,14 @@ def publisher(signer: Signer, topic: str) -> Callable[[ServiceContext], None]:
     return anchor_the_head
 
 
-def _value(made: Anchor) -> dict[str, Any]:
-    return {
-        "seq": made.seq,
-        "entryHash": made.entry_hash,
-        "keyId": made.key_id,
-        "anchoredAt": made.anchored_at,
-        "signature": made.signature,
-    }
+def _record(made: Anchor) -> ChainAnchored:
+    return ChainAnchored(
+        seq=made.seq,
+        entry_hash=made.entry_hash,
+        key_id=made.key_id,
+        anchored_at=made.anchored_at,
+        signature=made.signature,
+    )
 
 
 class AnchorsUnavailable(Exception):
@@ -107,19 +104,17 @@ def read_anchors(bootstrap: KafkaTarget, topic: str, serde: AvroSerde, timeout: 
             if (msg.offset() or 0) + 1 >= remaining.get(msg.partition() or 0, 0):
                 remaining.pop(msg.partition() or 0, None)
             try:
-                decoded = serde.deserialize(msg.value(), topic=topic).value
+                decoded = serde.deserialize(msg.value(), topic=topic)
             except SerdeError as exc:  # someone else's bytes on the topic: no anchor (and not a verdict)
                 log.warning("%s[%s]@%s is not an anchor: %s", topic, msg.partition(), msg.offset(), exc)
                 continue
-            anchors.append(
-                Anchor(
-                    seq=int(decoded["seq"]),
-                    entry_hash=bytes(decoded["entryHash"]),
-                    key_id=str(decoded["keyId"]),
-                    anchored_at=decoded["anchoredAt"],
-                    signature=bytes(decoded["signature"]),
+            if decoded.record_name != ChainAnchored.TYPE:
+                log.warning(
+                    "%s[%s]@%s is a %s, not an anchor", topic, msg.partition(), msg.offset(), decoded.record_name
                 )
-            )
+                continue
+            found = ChainAnchored.from_value(decoded.value)
+            anchors.append(Anchor(found.seq, found.entry_hash, found.key_id, found.anchored_at, found.signature))
         return anchors
     finally:
         consumer.close()

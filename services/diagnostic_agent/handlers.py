@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,19 +22,15 @@ import psycopg
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed, SimClient, SimUnavailable
 from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.model import Topology, Verdict
-from flotilla_reasoning.records import (
-    DIAGNOSIS_REQUESTED,
-    DIAGNOSTIC_JOB_STARTED,
-    INCIDENT_ESCALATED,
-    INCIDENTS,
-    diagnosis_record,
-    escalation_record,
-)
+from flotilla_reasoning.records import diagnosis_record
 
 from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.envelope import Envelope
+from flotilla.escalation import escalation
 from flotilla.handling import Handler, HandlerContext
+from flotilla.records import DiagnosisRequested, DiagnosticJobStarted
 from flotilla.runner import ServiceContext
+from flotilla.typedrecord import Record
 from flotilla.workflow import Status, WorkflowStore
 from services.diagnostic_agent import baselines, jobs
 from services.diagnostic_agent.settings import DiagnosticSettings
@@ -45,22 +40,8 @@ log = logging.getLogger(__name__)
 PROBE_JOB = "dependency-probe"
 DIAGNOSE = "diagnose"  # the kind of deferred work: a request waiting for evidence and a verdict
 
-# Emits one record on ``incidents`` for the incident at hand: (record type, value) -> envelope.
-Emit = Callable[[str, dict[str, Any]], Envelope]
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a DiagnosisRequested asks about."""
-
-    incident_id: str
-    service: str
-    environment: str
-    symptom: str
-
-    @classmethod
-    def from_value(cls, value: Mapping[str, Any]) -> Request:
-        return cls(value["incidentId"], value["service"], value["environment"], value["symptom"])
+# Emits one record for the incident at hand, caused by what the agent is answering.
+Emit = Callable[[Record], Envelope]
 
 
 class DiagnosticAgent:
@@ -81,7 +62,7 @@ class DiagnosticAgent:
         )
 
     def handlers(self, ctx: ServiceContext) -> dict[str, Handler]:
-        return {DIAGNOSIS_REQUESTED: self.on_diagnosis_requested}
+        return {DiagnosisRequested.TYPE: self.on_diagnosis_requested}
 
     # ------------------------------------------------------------- consumer
 
@@ -89,17 +70,18 @@ class DiagnosticAgent:
         """Nothing slow here: a slow job at once, or the request deferred to a worker that
         observes and reasons with no transaction open (``flotilla.deferred``)."""
         if self.settings.diagnostic_job_seconds > 0:
-            request = Request.from_value(ctx.incoming.value)
+            request = ctx.incoming.typed(DiagnosisRequested)
             self._start_job(ctx, request, PROBE_JOB, self.settings.diagnostic_job_seconds, datetime.now(UTC))
             return
-        defer(ctx, DIAGNOSE, contract_topic=INCIDENTS, deadline_seconds=self.settings.diagnostic_job_deadline_seconds)
+        deadline = self.settings.diagnostic_job_deadline_seconds
+        defer(ctx, DIAGNOSE, contract_topic=DiagnosisRequested.TOPIC, deadline_seconds=deadline)
 
     # ------------------------------------------- worker: no transaction open
 
     def observe_and_reason(self, ctx: ServiceContext, work: Work) -> Diagnosis | ReasoningFailed | SimUnavailable:
         """The slow part of a diagnosis: the sim, the baselines (one quick read) and the
         reasoner. A sim that does not answer is returned, not raised: a job retries it."""
-        request = Request.from_value(work.record.value)
+        request = work.record.typed(DiagnosisRequested)
         try:
             snapshot = self.sim.snapshot()
         except SimUnavailable as exc:
@@ -114,7 +96,7 @@ class DiagnosticAgent:
     # ------------------------------------------ worker: one short transaction
 
     def decide(self, finish: Finish, outcome: Diagnosis | ReasoningFailed | SimUnavailable) -> str:
-        request = Request.from_value(finish.incoming.value)
+        request = finish.incoming.typed(DiagnosisRequested)
         if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
             log.info("%s: no diagnosis, the incident is %s now", request.incident_id, finish.state.status)
             return "abandoned"
@@ -127,12 +109,8 @@ class DiagnosticAgent:
         )
 
         emit = _finish_emitter(finish, request.incident_id)
-
-        cause = finish.incoming.envelope.id
         if isinstance(outcome, ReasoningFailed):
-            envelope = self._escalate(
-                finish.conn, emit, request.incident_id, outcome, cause, finish.incoming.record_type, now
-            )
+            envelope = self._escalate(finish.conn, emit, request.incident_id, outcome, finish.incoming.envelope, now)
             return envelope.type
         if outcome.verdict is Verdict.NEEDS_EVIDENCE:
             seconds = self.settings.diagnostic_evidence_job_seconds
@@ -141,39 +119,29 @@ class DiagnosticAgent:
 
     def give_up(self, finish: Finish, error: str) -> str:
         """The reasoner kept failing (not the sim: that becomes a job) until the deadline."""
-        request = Request.from_value(finish.incoming.value)
+        incident = finish.work.incident_id
         if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
             return "abandoned"
-
-        emit = _finish_emitter(finish, request.incident_id)
-
+        emit = _finish_emitter(finish, incident)
         failure = ReasoningFailed(f"no diagnosis before the deadline ({error[:200]})", reasoner=self.reasoner.name)
-        envelope = self._escalate(
-            finish.conn, emit, request.incident_id, failure, finish.incoming.envelope.id,
-            finish.incoming.record_type, finish.now,
-        )  # fmt: skip
-        return envelope.type
+        return self._escalate(finish.conn, emit, incident, failure, finish.incoming.envelope, finish.now).type
 
     def _start_job(
-        self, ctx: HandlerContext | Finish, request: Request, kind: str, seconds: float, now: datetime
+        self, ctx: HandlerContext | Finish, request: DiagnosisRequested, kind: str, seconds: float, now: datetime
     ) -> str:
         job_id = str(uuid.uuid4())
         due = now + timedelta(seconds=seconds)
         deadline = due + timedelta(seconds=self.settings.diagnostic_job_deadline_seconds)
-        started = ctx.emit(
-            INCIDENTS,
-            request.incident_id,
-            DIAGNOSTIC_JOB_STARTED,
-            {
-                "incidentId": request.incident_id,
-                "jobId": job_id,
-                "jobKind": kind,
-                "service": request.service,
-                "startedBy": self.started_by,
-                "deadline": deadline,
-                "startedAt": now,
-            },
+        job = DiagnosticJobStarted(
+            incident_id=request.incident_id,
+            job_id=job_id,
+            job_kind=kind,
+            service=request.service,
+            started_by=self.started_by,
+            deadline=deadline,
+            started_at=now,
         )
+        started = ctx.emit(job, key=request.incident_id)
         jobs.insert(
             ctx.conn,
             job_id=job_id,
@@ -188,7 +156,7 @@ class DiagnosticAgent:
             started=started,
         )
         log.info("%s: %s job %s due %s", request.incident_id, kind, job_id, due.isoformat())
-        return DIAGNOSTIC_JOB_STARTED
+        return DiagnosticJobStarted.TYPE
 
     # ------------------------------------------------------ periodic: jobs
 
@@ -235,9 +203,8 @@ class DiagnosticAgent:
             failure = ReasoningFailed(
                 f"the diagnostic job kept failing until its deadline ({error[:200]})", reasoner=self.reasoner.name
             )
-            emit = self._emitter(ctx, conn, job)
             envelope = self._escalate(
-                conn, emit, job.incident_id, failure, job.cause_event_id, DIAGNOSTIC_JOB_STARTED, now
+                conn, self._emitter(ctx, conn, job), job.incident_id, failure, job.cause(ctx.source), now
             )
             jobs.record_outcome(
                 conn, job.job_id, status="done", outcome_type=envelope.type, outcome_event_id=envelope.id
@@ -249,16 +216,8 @@ class DiagnosticAgent:
         """Emit a record caused by the job's DiagnosticJobStarted, in ``conn``'s transaction."""
         cause = job.cause(ctx.source)
 
-        def emit(record_type: str, value: dict[str, Any]) -> Envelope:
-            return ctx.emit(
-                conn,
-                topic=INCIDENTS,
-                key=job.incident_id,
-                record_type=record_type,
-                value=value,
-                correlation=job.incident_id,
-                cause=cause,
-            )
+        def emit(record: Record) -> Envelope:
+            return ctx.emit(conn, record, key=job.incident_id, correlation=job.incident_id, cause=cause)
 
         return emit
 
@@ -275,9 +234,7 @@ class DiagnosticAgent:
             if now < job.deadline:
                 raise
             failure = ReasoningFailed(f"no evidence before the job's deadline ({exc})", reasoner=self.reasoner.name)
-            envelope = self._escalate(
-                conn, emit, job.incident_id, failure, job.cause_event_id, DIAGNOSTIC_JOB_STARTED, now
-            )
+            envelope = self._escalate(conn, emit, job.incident_id, failure, job.cause(ctx.source), now)
         else:
             evidence = DiagnosticEvidence(
                 job.incident_id,
@@ -302,9 +259,7 @@ class DiagnosticAgent:
                 outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total,
             )
             if isinstance(outcome, ReasoningFailed):
-                envelope = self._escalate(
-                    conn, emit, job.incident_id, outcome, job.cause_event_id, DIAGNOSTIC_JOB_STARTED, now
-                )
+                envelope = self._escalate(conn, emit, job.incident_id, outcome, job.cause(ctx.source), now)
             else:
                 envelope = self._emit_diagnosis(conn, emit, outcome, job.job_id, now)
         jobs.record_outcome(conn, job.job_id, status="done", outcome_type=envelope.type, outcome_event_id=envelope.id)
@@ -343,8 +298,8 @@ class DiagnosticAgent:
     def _emit_diagnosis(
         self, conn: psycopg.Connection[Any], emit: Emit, diagnosis: Diagnosis, job_id: str | None, now: datetime
     ) -> Envelope:
-        record_type, value = diagnosis_record(diagnosis, job_id=job_id, now=now)
-        envelope = emit(record_type, value)
+        record = diagnosis_record(diagnosis, job_id=job_id, now=now)
+        envelope = emit(record)
         usage = diagnosis.reasoning.usage
         conn.execute(
             """
@@ -355,7 +310,7 @@ class DiagnosticAgent:
             (
                 envelope.id,
                 diagnosis.incident_id,
-                record_type,
+                record.TYPE,
                 diagnosis.service,
                 diagnosis.suspected_dependency,
                 diagnosis.cause_category,
@@ -375,26 +330,20 @@ class DiagnosticAgent:
         emit: Emit,
         incident_id: str,
         failure: ReasoningFailed,
-        cause_event_id: str,
-        cause_type: str,
+        cause: Envelope,
         now: datetime,
     ) -> Envelope:
-        value = escalation_record(
-            incident_id,
-            reason=escalation_reason(failure, "diagnose the incident"),
-            cause_event_id=cause_event_id,
-            cause_type=cause_type,
-            now=now,
+        envelope = emit(
+            escalation(incident_id, escalation_reason(failure, "diagnose the incident"), cause=cause, at=now)
         )
-        envelope = emit(INCIDENT_ESCALATED, value)
         record_failure(conn, incident_id=incident_id, escalation_event_id=envelope.id, failure=failure)
         return envelope
 
 
 def _finish_emitter(finish: Finish, incident_id: str) -> Emit:
-    """Emit on ``incidents`` for the incident, caused by the deferred request."""
+    """Emit for the incident, caused by the deferred request."""
 
-    def emit(record_type: str, value: dict[str, Any]) -> Envelope:
-        return finish.emit(INCIDENTS, incident_id, record_type, value)
+    def emit(record: Record) -> Envelope:
+        return finish.emit(record, key=incident_id)
 
     return emit

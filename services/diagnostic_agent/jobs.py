@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from flotilla_reasoning.records import DIAGNOSTIC_JOB_STARTED
 from psycopg.rows import dict_row
 
 from flotilla.envelope import Envelope
+from flotilla.records import DiagnosticJobStarted
 
 _COLUMNS = (
     "job_id, incident_id, service, environment, symptom, job_kind, due_at, deadline, attempts, "
@@ -44,7 +44,7 @@ class Job:
     def cause(self, source: str) -> Envelope:
         """The DiagnosticJobStarted envelope, rebuilt: the job's result is caused by it."""
         return Envelope(
-            type=DIAGNOSTIC_JOB_STARTED,
+            type=DiagnosticJobStarted.TYPE,
             source=source,
             correlationid=self.incident_id,
             id=self.cause_event_id,

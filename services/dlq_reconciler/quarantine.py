@@ -21,8 +21,8 @@ from confluent_kafka import Message
 from flotilla import deadletter
 from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
 from flotilla.rawrecords import clean_text, first_header, headers_of, is_uuid
+from flotilla.records import DeadLetterQuarantined
 
-DEAD_LETTER_QUARANTINED = "dev.flotilla.incidents.DeadLetterQuarantined"
 UNATTRIBUTED = "unattributed"
 
 REQUEUED_FROM = "flotilla_requeued_from"
@@ -188,7 +188,7 @@ def fact_envelope(letter: DeadLetter, source: str) -> Envelope | None:
     original = letter.envelope
     if original is None:
         return Envelope(
-            type=DEAD_LETTER_QUARANTINED,
+            type=DeadLetterQuarantined.TYPE,
             source=source,
             correlationid=letter.incident_id,
             causationid=letter.original_event_id,
@@ -198,7 +198,7 @@ def fact_envelope(letter: DeadLetter, source: str) -> Envelope | None:
     if original.hops <= 1:
         return None
     return Envelope(
-        type=DEAD_LETTER_QUARANTINED,
+        type=DeadLetterQuarantined.TYPE,
         source=source,
         correlationid=letter.incident_id,
         causationid=original.id,
@@ -207,27 +207,27 @@ def fact_envelope(letter: DeadLetter, source: str) -> Envelope | None:
     )
 
 
-def quarantine_fact(letter: DeadLetter, quarantine_id: uuid.UUID, at: datetime) -> dict[str, Any]:
-    """The DeadLetterQuarantined value (``eventId`` is filled in by the emitter)."""
+def quarantine_fact(letter: DeadLetter, quarantine_id: uuid.UUID, at: datetime) -> DeadLetterQuarantined:
+    """The DeadLetterQuarantined record (``event_id`` is filled in by the emitter)."""
     event_id = letter.original_event_id
-    return {
-        "incidentId": letter.incident_id,
-        "quarantineId": str(quarantine_id),
-        "originTopic": letter.origin_topic,
-        "originPartition": letter.origin_partition if letter.origin_partition is not None else -1,
-        "originOffset": letter.origin_offset if letter.origin_offset is not None else -1,
-        "dlqTopic": letter.dlq_topic,
-        "dlqPartition": letter.dlq_partition,
-        "dlqOffset": letter.dlq_offset,
+    return DeadLetterQuarantined(
+        incident_id=letter.incident_id,
+        quarantine_id=str(quarantine_id),
+        origin_topic=letter.origin_topic,
+        origin_partition=letter.origin_partition if letter.origin_partition is not None else -1,
+        origin_offset=letter.origin_offset if letter.origin_offset is not None else -1,
+        dlq_topic=letter.dlq_topic,
+        dlq_partition=letter.dlq_partition,
+        dlq_offset=letter.dlq_offset,
         # a uuid field: a foreign producer's non-UUID id is reported as unknown
-        "originalEventId": event_id.lower() if event_id is not None and is_uuid(event_id) else None,
-        "originalType": letter.original_type,
-        "errorClass": letter.error_class,
-        "errorMessage": letter.error_message,
-        "consumer": letter.consumer,
-        "tags": letter.tags(),
-        "quarantinedAt": at,
-    }
+        original_event_id=event_id.lower() if event_id is not None and is_uuid(event_id) else None,
+        original_type=letter.original_type,
+        error_class=letter.error_class,
+        error_message=letter.error_message,
+        consumer=letter.consumer,
+        tags=letter.tags(),
+        quarantined_at=at,
+    )
 
 
 # ------------------------------------------------------------------ re-queue

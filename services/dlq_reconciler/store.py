@@ -23,6 +23,7 @@ from flotilla import metrics
 from flotilla.handling import BusinessRuleViolation
 from flotilla.rawloop import AfterCommit
 from flotilla.rawrecords import b64
+from flotilla.records import DeadLetterQuarantined
 from flotilla.runner import ServiceContext
 from flotilla.serde import (
     RecordValidationError,
@@ -31,7 +32,6 @@ from flotilla.serde import (
     UnknownSchemaIdError,
 )
 from services.dlq_reconciler.quarantine import (
-    DEAD_LETTER_QUARANTINED,
     DeadLetter,
     fact_envelope,
     quarantine_fact,
@@ -113,7 +113,7 @@ class Reconciler:
             for letter, announced in new:
                 self.count_quarantined(letter)
                 if announced:
-                    metrics.count_produced(self._ctx.source, self._topic, DEAD_LETTER_QUARANTINED)
+                    metrics.count_produced(self._ctx.source, self._topic, DeadLetterQuarantined.TYPE)
                 else:
                     log.error(
                         "hop budget of %s spent: quarantined without a DeadLetterQuarantined fact",
@@ -206,6 +206,6 @@ class Reconciler:
         self._sighting(conn, letter, quarantine_id)
         if envelope is None:
             return False
-        value = {"eventId": envelope.id, **quarantine_fact(letter, quarantine_id, now)}
+        value = {"eventId": envelope.id, **quarantine_fact(letter, quarantine_id, now).to_value()}
         self._ctx.outbox.append(conn, topic=self._topic, key=letter.incident_id, value=value, envelope=envelope)
         return True

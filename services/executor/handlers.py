@@ -25,14 +25,14 @@ from datetime import UTC, datetime
 from prometheus_client import Counter
 
 from flotilla.authority import Authorized, Unauthorized, verify_command
-from flotilla.consumer import ESCALATION_TARGET
 from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
+from flotilla.escalation import escalation
 from flotilla.handling import Handler, HandlerContext, RecordRefused, Report
 from flotilla.keys import Keyring
+from flotilla.records import RecoveryCompleted, RecoveryFailed
 from services.executor import commands, compensation, execution, idempotency, outcomes, saga
 from services.executor.execution import KEY_CONFLICT, PROPOSAL_ABORTED, Applied, Executor, Failed, Session
-from services.executor.outcomes import TOPIC
 from services.executor.saga import Saga, SagaStatus
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ class ExecutorHandlers:
 
     def mapping(self) -> dict[str, Handler]:
         handlers: dict[str, Handler] = {record_type: self.on_command for record_type in commands.ACTIONS}
-        handlers[outcomes.RECOVERY_FAILED] = self.on_recovery_failed
-        handlers[outcomes.RECOVERY_COMPLETED] = self.on_recovery_completed
+        handlers[RecoveryFailed.TYPE] = self.on_recovery_failed
+        handlers[RecoveryCompleted.TYPE] = self.on_recovery_completed
         return handlers
 
     # -------------------------------------------------------------- handlers
@@ -98,18 +98,18 @@ class ExecutorHandlers:
 
     def on_recovery_failed(self, ctx: HandlerContext) -> None:
         self.executor.bound_handler_transaction(ctx.conn)
-        value = ctx.incoming.value
-        proposal = saga.lock(ctx.conn, str(value["proposalId"]))
+        failed = ctx.incoming.typed(RecoveryFailed)
+        proposal = saga.lock(ctx.conn, failed.proposal_id)
         if proposal is None or not proposal.open:
             state = "no step of it ran here" if proposal is None else proposal.status.value
-            log.info("RecoveryFailed for proposal %s ignored: %s", value["proposalId"], state)
+            log.info("RecoveryFailed for proposal %s ignored: %s", failed.proposal_id, state)
             return
         session = self.executor.session()
-        self._compensate(ctx, session, proposal, cause=ctx.incoming.envelope, trigger=str(value["reason"]))
+        self._compensate(ctx, session, proposal, cause=ctx.incoming.envelope, trigger=failed.reason)
         session.record(ctx.conn)
 
     def on_recovery_completed(self, ctx: HandlerContext) -> None:
-        proposal = saga.lock(ctx.conn, str(ctx.incoming.value["proposalId"]))
+        proposal = saga.lock(ctx.conn, ctx.incoming.typed(RecoveryCompleted).proposal_id)
         if proposal is not None and proposal.open:
             saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPLETED, "recovery verified")
 
@@ -134,11 +134,10 @@ class ExecutorHandlers:
                 origin=(incoming.topic, incoming.partition, incoming.offset),
                 at=self.clock(),
             )
-            incident = report["incidentId"]
             raise RecordRefused(
                 Reason.UNAUTHORIZED,
                 f"{incoming.record_type} {incoming.envelope.id} refused ({exc.refusal.value}): {exc}",
-                Report(TOPIC, incident, outcomes.COMMAND_REJECTED, report),
+                Report(report.incident_id, report),
             ) from exc
 
     def _refuse_key_conflict(self, ctx: HandlerContext, step: commands.Step, recorded: idempotency.Execution) -> None:
@@ -174,26 +173,21 @@ class ExecutorHandlers:
                 self._report_applied(ctx, outcome)
         if report.complete:
             summary = report.summary()
-            value = outcomes.compensation_completed(
+            undone = outcomes.compensation_completed(
                 proposal.incident_id, proposal.proposal_id, report.compensated_command_ids, cause.id, summary, now
             )
-            ctx.emit(TOPIC, proposal.incident_id, outcomes.COMPENSATION_COMPLETED, value)
+            ctx.emit(undone, key=proposal.incident_id)
             saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPENSATED, f"{trigger}; {summary}")
             return
         if report.failure is not None:
             cause = self._report_failed(ctx, report.failure)
         reason = f"recovery {proposal.proposal_id} failed ({trigger}) and could not be undone: {report.summary()}"
-        escalated = outcomes.incident_escalated(
-            proposal.incident_id, reason, cause.id, cause.type, ESCALATION_TARGET, self.clock()
-        )
-        ctx.emit(TOPIC, proposal.incident_id, outcomes.INCIDENT_ESCALATED, escalated)
+        ctx.emit(escalation(proposal.incident_id, reason, cause=cause, at=self.clock()), key=proposal.incident_id)
         saga.close(ctx.conn, proposal.proposal_id, SagaStatus.COMPENSATION_FAILED, reason)
 
     def _report_applied(self, ctx: HandlerContext, applied: Applied) -> Envelope:
-        value = outcomes.recovery_executed(applied, self.clock())
-        return ctx.emit(TOPIC, applied.step.incident_id, outcomes.RECOVERY_EXECUTED, value)
+        return ctx.emit(outcomes.recovery_executed(applied, self.clock()), key=applied.step.incident_id)
 
     def _report_failed(self, ctx: HandlerContext, failed: Failed) -> Envelope:
         log.warning("%s failed: %s: %s", failed.step.idempotency_key, failed.error_class, failed.message)
-        value = outcomes.command_failed(failed, self.clock())
-        return ctx.emit(TOPIC, failed.step.incident_id, outcomes.COMMAND_FAILED, value)
+        return ctx.emit(outcomes.command_failed(failed, self.clock()), key=failed.step.incident_id)

@@ -1,41 +1,32 @@
-"""The facts the executor reports, as values of their Avro contracts. Pure.
+"""The facts the executor reports, as typed records (``flotilla.records``). Pure.
 
-``eventId`` is left out: ``HandlerContext.emit`` fills it in from the envelope.
+``event_id`` is left empty: ``HandlerContext.emit`` fills it in from the envelope.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from flotilla.records import CommandFailed, CommandRejected, CompensationCompleted, RecoveryExecuted, ResourceRef
 from services.executor.commands import Step
 from services.executor.execution import Applied, Failed
 
-_NS = "dev.flotilla.incidents."
-RECOVERY_EXECUTED = _NS + "RecoveryExecuted"
-COMMAND_FAILED = _NS + "CommandFailed"
-COMPENSATION_COMPLETED = _NS + "CompensationCompleted"
-INCIDENT_ESCALATED = _NS + "IncidentEscalated"
-RECOVERY_FAILED = _NS + "RecoveryFailed"
-RECOVERY_COMPLETED = _NS + "RecoveryCompleted"
-COMMAND_REJECTED = _NS + "CommandRejected"
-TOPIC = "incidents"
 
-
-def _millis(at: datetime) -> datetime:
-    """timestamp-millis holds milliseconds: drop the rest so a round trip compares equal."""
-    return at.astimezone(UTC).replace(microsecond=at.microsecond // 1000 * 1000)
+def _target(target: Mapping[str, Any]) -> ResourceRef:
+    return ResourceRef(kind=str(target["kind"]), environment=str(target["environment"]), name=str(target["name"]))
 
 
 def _about(step: Step) -> dict[str, Any]:
+    """The fields every outcome of a step shares, as keyword arguments."""
     return {
-        "incidentId": step.incident_id,
-        "proposalId": step.proposal_id,
-        "commandId": step.command_id,
-        "commandType": step.command_type,
-        "idempotencyKey": step.idempotency_key,
-        "target": dict(step.target),
+        "incident_id": step.incident_id,
+        "proposal_id": step.proposal_id,
+        "command_id": step.command_id,
+        "command_type": step.command_type,
+        "idempotency_key": step.idempotency_key,
+        "target": _target(step.target),
     }
 
 
@@ -64,57 +55,44 @@ def describe(step: Step, before: Mapping[str, Any], after: Mapping[str, Any]) ->
     return what
 
 
-def recovery_executed(applied: Applied, at: datetime) -> dict[str, Any]:
+def recovery_executed(applied: Applied, at: datetime) -> RecoveryExecuted:
     outcome = describe(applied.step, applied.before, applied.after)
     if applied.reconciled:
         outcome += "; found applied at the target and recorded late"
-    return {
+    return RecoveryExecuted(
         **_about(applied.step),
-        "fencingEpoch": applied.epoch,
-        "compensates": applied.step.compensates,
-        "outcome": outcome,
-        "actionDurationMs": applied.duration_ms,
-        "executedAt": _millis(at),
-    }
+        fencing_epoch=applied.epoch,
+        compensates=applied.step.compensates,
+        outcome=outcome,
+        action_duration_ms=applied.duration_ms,
+        executed_at=at,
+    )
 
 
-def command_failed(failed: Failed, at: datetime) -> dict[str, Any]:
-    return {
+def command_failed(failed: Failed, at: datetime) -> CommandFailed:
+    return CommandFailed(
         **_about(failed.step),
-        "errorClass": failed.error_class,
-        "errorMessage": failed.message,
-        "retryable": failed.retryable,
-        "attempt": failed.attempt,
-        "fencingEpoch": failed.epoch,
-        "compensates": failed.step.compensates,
-        "failedAt": _millis(at),
-    }
+        error_class=failed.error_class,
+        error_message=failed.message,
+        retryable=failed.retryable,
+        attempt=failed.attempt,
+        fencing_epoch=failed.epoch,
+        compensates=failed.step.compensates,
+        failed_at=at,
+    )
 
 
 def compensation_completed(
     incident_id: str, proposal_id: str, command_ids: Sequence[str], cause_event_id: str, summary: str, at: datetime
-) -> dict[str, Any]:
-    return {
-        "incidentId": incident_id,
-        "proposalId": proposal_id,
-        "compensatedCommandIds": list(command_ids),
-        "causeEventId": cause_event_id,
-        "summary": summary,
-        "completedAt": _millis(at),
-    }
-
-
-def incident_escalated(
-    incident_id: str, reason: str, cause_event_id: str, cause_type: str, escalated_to: str, at: datetime
-) -> dict[str, Any]:
-    return {
-        "incidentId": incident_id,
-        "reason": reason,
-        "causeEventId": cause_event_id,
-        "causeType": cause_type,
-        "escalatedTo": escalated_to,
-        "escalatedAt": _millis(at),
-    }
+) -> CompensationCompleted:
+    return CompensationCompleted(
+        incident_id=incident_id,
+        proposal_id=proposal_id,
+        compensated_command_ids=tuple(command_ids),
+        cause_event_id=cause_event_id,
+        summary=summary,
+        completed_at=at,
+    )
 
 
 def command_rejected(
@@ -127,21 +105,21 @@ def command_rejected(
     producer: str,
     origin: tuple[str, int, int],
     at: datetime,
-) -> dict[str, Any]:
-    """The CommandRejected value for a command whose authorization does not hold."""
+) -> CommandRejected:
+    """The CommandRejected record for a command whose authorization does not hold."""
     topic, partition, offset = origin
-    return {
-        "incidentId": str(command["incidentId"]),
-        "commandId": str(command["commandId"]),
-        "commandType": record_type,
-        "idempotencyKey": str(command["idempotencyKey"]),
-        "target": {k: str(command["target"][k]) for k in ("kind", "environment", "name")},
-        "refusal": refusal,
-        "reason": reason,
-        "keyId": key_id,
-        "producer": producer,
-        "originTopic": topic,
-        "originPartition": partition,
-        "originOffset": offset,
-        "rejectedAt": _millis(at),
-    }
+    return CommandRejected(
+        incident_id=str(command["incidentId"]),
+        command_id=str(command["commandId"]),
+        command_type=record_type,
+        idempotency_key=str(command["idempotencyKey"]),
+        target=_target(command["target"]),
+        refusal=refusal,
+        reason=reason,
+        key_id=key_id,
+        producer=producer,
+        origin_topic=topic,
+        origin_partition=partition,
+        origin_offset=offset,
+        rejected_at=at,
+    )

@@ -17,23 +17,21 @@ from datetime import UTC, datetime
 from psycopg.types.json import Jsonb
 
 from flotilla.handling import Handler, HandlerContext
+from flotilla.records import RecoveryExecuted, RecoveryProposed
 from flotilla.runner import ServiceContext
 
 log = logging.getLogger(__name__)
 
-RECOVERY_PROPOSED = "dev.flotilla.decisions.RecoveryProposed"
-RECOVERY_EXECUTED = "dev.flotilla.incidents.RecoveryExecuted"
-
 
 def on_proposed(ctx: HandlerContext) -> None:
-    value = ctx.incoming.value
+    proposed = ctx.incoming.typed(RecoveryProposed)
     ctx.conn.execute(
         "INSERT INTO proposals (proposal_id, incident_id, command_ids, event_id) VALUES (%s, %s, %s, %s) "
         "ON CONFLICT (proposal_id) DO NOTHING",
         (
-            str(value["proposalId"]),
-            value["incidentId"],
-            [str(step["commandId"]) for step in value["steps"]],
+            proposed.proposal_id,
+            proposed.incident_id,
+            [str(step["commandId"]) for step in proposed.steps],
             ctx.incoming.envelope.id,
         ),
     )
@@ -41,15 +39,15 @@ def on_proposed(ctx: HandlerContext) -> None:
 
 def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Handler:
     def on_executed(ctx: HandlerContext) -> None:
-        value = ctx.incoming.value
-        if value.get("compensates") is not None:
+        executed = ctx.incoming.typed(RecoveryExecuted)
+        if executed.compensates is not None:
             return  # undoing a plan, not completing one
-        proposal, incident = str(value["proposalId"]), value["incidentId"]
+        proposal, incident = executed.proposal_id, executed.incident_id
         conn = ctx.conn
         conn.execute(
             "INSERT INTO executed_steps (proposal_id, command_id, incident_id, event_id) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT DO NOTHING",
-            (proposal, str(value["commandId"]), incident, ctx.incoming.envelope.id),
+            (proposal, executed.command_id, incident, ctx.incoming.envelope.id),
         )
         row = conn.execute(
             "SELECT cardinality(p.command_ids) = (SELECT count(*) FROM executed_steps e "
@@ -65,7 +63,7 @@ def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Ha
         where = conn.execute(
             "SELECT environment, service FROM health_incidents WHERE incident_id = %s", (incident,)
         ).fetchone()
-        environment, service = where if where is not None else (value["target"]["environment"], value["target"]["name"])
+        environment, service = where if where is not None else (executed.target.environment, executed.target.name)
         conn.execute(
             "INSERT INTO verifications (proposal_id, incident_id, environment, service, started_at, window_seconds, "
             "cause) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (proposal_id) DO NOTHING",
@@ -86,8 +84,8 @@ def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Ha
 def make_handlers(window_seconds: float) -> Callable[[ServiceContext], Mapping[str, Handler]]:
     def handlers(ctx: ServiceContext) -> Mapping[str, Handler]:
         return {
-            RECOVERY_PROPOSED: on_proposed,
-            RECOVERY_EXECUTED: make_on_executed(window_seconds, lambda: datetime.now(UTC)),
+            RecoveryProposed.TYPE: on_proposed,
+            RecoveryExecuted.TYPE: make_on_executed(window_seconds, lambda: datetime.now(UTC)),
         }
 
     return handlers

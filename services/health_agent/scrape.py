@@ -35,7 +35,10 @@ from prometheus_client import Counter
 from psycopg.rows import dict_row
 
 from flotilla.envelope import Envelope
+from flotilla.escalation import escalation
+from flotilla.records import DiagnosisRequested, RecoveryCompleted, RecoveryFailed, ServiceLatencyIncreased
 from flotilla.runner import ServiceContext
+from flotilla.typedrecord import Record
 from services.health_agent.detector import Change, DetectorState, Hysteresis, Phase, is_breaching, observe
 from services.health_agent.metrics_source import Sample, ScrapeError, SimMetrics
 from services.health_agent.settings import HealthSettings
@@ -44,12 +47,6 @@ from services.health_agent.verification import observe as observe_window
 
 log = logging.getLogger(__name__)
 
-SERVICE_LATENCY_INCREASED = "dev.flotilla.incidents.ServiceLatencyIncreased"
-DIAGNOSIS_REQUESTED = "dev.flotilla.incidents.DiagnosisRequested"
-RECOVERY_COMPLETED = "dev.flotilla.incidents.RecoveryCompleted"
-RECOVERY_FAILED = "dev.flotilla.incidents.RecoveryFailed"
-INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
-ESCALATE_TO = "on-call"
 
 INCIDENTS_OPENED = Counter(
     "flotilla_health_incidents_opened_total", "Incidents opened by the health agent.", ["service"]
@@ -176,41 +173,28 @@ class Scraper:
         started = state.breach_started_at or now
         window = max(1, math.ceil((now - started).total_seconds()))
         topic = self._settings.incidents_topic
-        latency = ctx.emit(
-            conn,
-            topic=topic,
-            key=incident,
-            record_type=SERVICE_LATENCY_INCREASED,
-            value={
-                "incidentId": incident,
-                "service": sample.service,
-                "environment": sample.environment,
-                "p95LatencyMs": sample.p95_ms,
-                "thresholdMs": sample.threshold_ms,
-                "windowSeconds": window,
-                "observedAt": now,
-            },
-            correlation=incident,
+        breach = ServiceLatencyIncreased(
+            incident_id=incident,
+            service=sample.service,
+            environment=sample.environment,
+            p95_latency_ms=sample.p95_ms,
+            threshold_ms=sample.threshold_ms,
+            window_seconds=window,
+            observed_at=now,
         )
-        diagnosis = ctx.emit(
-            conn,
-            topic=topic,
-            key=incident,
-            record_type=DIAGNOSIS_REQUESTED,
-            value={
-                "incidentId": incident,
-                "service": sample.service,
-                "environment": sample.environment,
-                "symptom": (
-                    f"p95 {sample.p95_ms:.0f} ms against a {sample.threshold_ms:.0f} ms threshold "
-                    f"for {window} s ({state.breach_streak} consecutive scrapes)"
-                ),
-                "triggerEventId": latency.id,
-                "requestedAt": now,
-            },
-            correlation=incident,
-            cause=latency,
+        latency = ctx.emit(conn, breach, key=incident, correlation=incident, topic=topic)
+        request = DiagnosisRequested(
+            incident_id=incident,
+            service=sample.service,
+            environment=sample.environment,
+            symptom=(
+                f"p95 {sample.p95_ms:.0f} ms against a {sample.threshold_ms:.0f} ms threshold "
+                f"for {window} s ({state.breach_streak} consecutive scrapes)"
+            ),
+            trigger_event_id=latency.id,
+            requested_at=now,
         )
+        diagnosis = ctx.emit(conn, request, key=incident, correlation=incident, cause=latency, topic=topic)
         conn.execute(
             "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
             "latency_event_id, diagnosis_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -303,40 +287,29 @@ class Scraper:
         cause = Envelope(**row["cause"])  # the last RecoveryExecuted of the plan
         seconds = max(1, math.ceil(window.length.total_seconds()))
         topic = self._settings.incidents_topic
+        record: Record
         if outcome.verdict is Verdict.COMPLETED:
-            record_type = RECOVERY_COMPLETED
-            value: dict[str, Any] = {
-                "incidentId": incident,
-                "proposalId": str(row["proposal_id"]),
-                "service": row["service"],
-                "p95LatencyMs": outcome.p95_ms,
-                "thresholdMs": outcome.threshold_ms,
-                "windowSeconds": seconds,
-                "completedAt": now,
-            }
+            assert outcome.p95_ms is not None and outcome.threshold_ms is not None  # a completed window measured
+            record = RecoveryCompleted(
+                incident_id=incident,
+                proposal_id=str(row["proposal_id"]),
+                service=row["service"],
+                p95_latency_ms=outcome.p95_ms,
+                threshold_ms=outcome.threshold_ms,
+                window_seconds=seconds,
+                completed_at=now,
+            )
         elif outcome.verdict is Verdict.FAILED:
-            record_type = RECOVERY_FAILED
-            value = {
-                "incidentId": incident,
-                "proposalId": str(row["proposal_id"]),
-                "stage": "VERIFICATION",
-                "reason": outcome.reason,
-                "failedCommandId": None,
-                "p95LatencyMs": outcome.p95_ms,
-                "compensationRequired": True,
-                "failedAt": now,
-            }
+            record = RecoveryFailed(
+                incident_id=incident,
+                proposal_id=str(row["proposal_id"]),
+                stage="VERIFICATION",
+                reason=outcome.reason,
+                p95_latency_ms=outcome.p95_ms,
+                compensation_required=True,
+                failed_at=now,
+            )
         else:
-            record_type = INCIDENT_ESCALATED
-            value = {
-                "incidentId": incident,
-                "reason": f"recovery could not be verified: {outcome.reason}",
-                "causeEventId": cause.id,
-                "causeType": cause.type,
-                "escalatedTo": ESCALATE_TO,
-                "escalatedAt": now,
-            }
-        envelope = ctx.emit(
-            conn, topic=topic, key=incident, record_type=record_type, value=value, correlation=incident, cause=cause
-        )
+            record = escalation(incident, f"recovery could not be verified: {outcome.reason}", cause=cause, at=now)
+        envelope = ctx.emit(conn, record, key=incident, correlation=incident, cause=cause, topic=topic)
         return envelope.id

@@ -23,7 +23,10 @@ from prometheus_client import Counter, Gauge
 
 from flotilla.authority import Grant
 from flotilla.envelope import Envelope
+from flotilla.escalation import escalation
+from flotilla.records import ApprovalExpired, RecoveryApproved, RecoveryRejected
 from flotilla.runner import ServiceContext
+from flotilla.typedrecord import Record
 from flotilla.workflow import WorkflowStore
 from services.policy import records, store
 from services.policy.auth import Person
@@ -133,22 +136,13 @@ def _about(
     svc: ServiceContext,
     conn: psycopg.Connection[Any],
     proposal: store.StoredProposal,
-    record_type: str,
-    value: dict[str, Any],
+    record: Record,
     *,
     cause: Envelope,
 ) -> Envelope:
-    """A record about ``proposal`` on ``incidents``: keyed and correlated by its incident,
-    in the caller's transaction."""
-    return svc.emit(
-        conn,
-        topic=records.INCIDENTS_TOPIC,
-        key=proposal.incident_id,
-        record_type=record_type,
-        value=value,
-        correlation=proposal.incident_id,
-        cause=cause,
-    )
+    """A record about ``proposal``: keyed and correlated by its incident, in the caller's
+    transaction."""
+    return svc.emit(conn, record, key=proposal.incident_id, correlation=proposal.incident_id, cause=cause)
 
 
 def _approve(
@@ -166,15 +160,14 @@ def _approve(
         svc,
         conn,
         proposal,
-        records.RECOVERY_APPROVED,
-        records.recovery_approved(
-            incident=proposal.incident_id,
-            proposal=proposal.proposal_id,
+        RecoveryApproved(
+            incident_id=proposal.incident_id,
+            proposal_id=proposal.proposal_id,
             digest=proposal.digest,
-            by=person.name,
+            approved_by=person.name,
             auto=False,
-            policy_ids=policy_ids,
-            at=now,
+            policy_ids=tuple(policy_ids),
+            approved_at=now,
         ),
         cause=proposal.request_envelope(),
     )
@@ -216,14 +209,13 @@ def _reject(
         svc,
         conn,
         proposal,
-        records.RECOVERY_REJECTED,
-        records.recovery_rejected(
-            incident=proposal.incident_id,
-            proposal=proposal.proposal_id,
+        RecoveryRejected(
+            incident_id=proposal.incident_id,
+            proposal_id=proposal.proposal_id,
             digest=proposal.digest,
-            by=person.name,
+            rejected_by=person.name,
             reason=why,
-            at=now,
+            rejected_at=now,
         ),
         cause=proposal.request_envelope(),
     )
@@ -231,10 +223,9 @@ def _reject(
         svc,
         conn,
         proposal,
-        records.INCIDENT_ESCALATED,
-        records.incident_escalated(
-            incident=proposal.incident_id,
-            reason=f"{person.name} rejected proposal {proposal.proposal_id} ({proposal.summary}): {why}",
+        escalation(
+            proposal.incident_id,
+            f"{person.name} rejected proposal {proposal.proposal_id} ({proposal.summary}): {why}",
             cause=rejected,
             at=now,
         ),
@@ -262,14 +253,13 @@ def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 
                 svc,
                 conn,
                 proposal,
-                records.APPROVAL_EXPIRED,
-                records.approval_expired(
-                    incident=proposal.incident_id,
-                    proposal=proposal.proposal_id,
+                ApprovalExpired(
+                    incident_id=proposal.incident_id,
+                    proposal_id=proposal.proposal_id,
                     digest=proposal.digest,
-                    role=proposal.required_role,
+                    required_role=proposal.required_role,
                     deadline=proposal.deadline,
-                    at=now,
+                    expired_at=now,
                 ),
                 cause=proposal.request_envelope(),
             )
@@ -277,13 +267,10 @@ def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 
                 svc,
                 conn,
                 proposal,
-                records.INCIDENT_ESCALATED,
-                records.incident_escalated(
-                    incident=proposal.incident_id,
-                    reason=(
-                        f"no approver decided on proposal {proposal.proposal_id} ({proposal.summary}) "
-                        f"before its deadline {proposal.deadline.isoformat()}"
-                    ),
+                escalation(
+                    proposal.incident_id,
+                    f"no approver decided on proposal {proposal.proposal_id} ({proposal.summary}) "
+                    f"before its deadline {proposal.deadline.isoformat()}",
                     cause=expired,
                     at=now,
                 ),

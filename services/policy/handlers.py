@@ -22,6 +22,7 @@ from flotilla.authority import Grant, Unauthorized, verify_proposal
 from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, RecordRefused
+from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryApproved, RecoveryProposed
 from flotilla.runner import ServiceContext
 from services.policy import records, store
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
@@ -51,14 +52,13 @@ def make_handlers(svc: ServiceContext, runtime: PolicyRuntime) -> Mapping[str, H
         handle_proposal(svc, runtime, ctx)
 
     def on_incident_escalated(ctx: HandlerContext) -> None:
-        incident = str(ctx.incoming.value["incidentId"])
-        cancelled = store.cancel_pending(
-            ctx.conn, incident, resolution=f"incident escalated: {ctx.incoming.value.get('reason', '')}"
-        )
+        escalated = ctx.incoming.typed(IncidentEscalated)
+        incident = escalated.incident_id
+        cancelled = store.cancel_pending(ctx.conn, incident, resolution=f"incident escalated: {escalated.reason}")
         if cancelled:
             log.info("incident %s escalated: cancelled pending approvals %s", incident, ", ".join(cancelled))
 
-    return {records.RECOVERY_PROPOSED: on_recovery_proposed, records.INCIDENT_ESCALATED: on_incident_escalated}
+    return {RecoveryProposed.TYPE: on_recovery_proposed, IncidentEscalated.TYPE: on_incident_escalated}
 
 
 def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerContext) -> None:
@@ -99,20 +99,16 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
         _deny(ctx, proposal, decision, reasons, now)
     elif decision.outcome is Outcome.AUTO:
         status = ProposalStatus.AUTHORIZED
-        approved = ctx.emit(
-            records.INCIDENTS_TOPIC,
-            proposal.incident_id,
-            records.RECOVERY_APPROVED,
-            records.recovery_approved(
-                incident=proposal.incident_id,
-                proposal=proposal.proposal_id,
-                digest=proposal.digest,
-                by=svc.spec.name,
-                auto=True,
-                policy_ids=policy_ids,
-                at=now,
-            ),
+        approval = RecoveryApproved(
+            incident_id=proposal.incident_id,
+            proposal_id=proposal.proposal_id,
+            digest=proposal.digest,
+            approved_by=svc.spec.name,
+            auto=True,
+            policy_ids=tuple(policy_ids),
+            approved_at=now,
         )
+        approved = ctx.emit(approval, key=proposal.incident_id)
         records.issue_commands(
             svc.outbox,
             ctx.conn,
@@ -128,23 +124,19 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
     elif decision.outcome is Outcome.HUMAN:
         status = ProposalStatus.PENDING
         deadline = approval_deadline(now, runtime.approval_ttl_seconds, proposal)
-        request = ctx.emit(
-            records.INCIDENTS_TOPIC,
-            proposal.incident_id,
-            records.HUMAN_APPROVAL_REQUIRED,
-            records.human_approval_required(
-                incident=proposal.incident_id,
-                proposal=proposal.proposal_id,
-                digest=proposal.digest,
-                summary=proposal.summary,
-                reasons=reasons,
-                policy_ids=policy_ids,
-                role=runtime.required_role,
-                proposed_by=proposal.proposed_by,
-                deadline=deadline,
-                at=now,
-            ),
+        required = HumanApprovalRequired(
+            incident_id=proposal.incident_id,
+            proposal_id=proposal.proposal_id,
+            digest=proposal.digest,
+            summary=proposal.summary,
+            reasons=tuple(reasons),
+            policy_ids=tuple(policy_ids),
+            required_role=runtime.required_role,
+            proposed_by=proposal.proposed_by,
+            deadline=deadline,
+            requested_at=now,
         )
+        request = ctx.emit(required, key=proposal.incident_id)
     else:
         status = ProposalStatus.DENIED
         _deny(ctx, proposal, decision, reasons, now)
@@ -185,17 +177,13 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
 
 
 def _deny(ctx: HandlerContext, proposal: Proposal, decision: Decision, reasons: list[str], now: datetime) -> None:
-    ctx.emit(
-        records.INCIDENTS_TOPIC,
-        proposal.incident_id,
-        records.COMMAND_DENIED,
-        records.command_denied(
-            incident=proposal.incident_id,
-            proposal=proposal.proposal_id,
-            digest=proposal.digest,
-            command_id=decision.denied_command_id if decision.outcome is Outcome.DENY else None,
-            reasons=reasons,
-            policy_ids=decision.policy_ids,
-            at=now,
-        ),
+    denied = CommandDenied(
+        incident_id=proposal.incident_id,
+        proposal_id=proposal.proposal_id,
+        digest=proposal.digest,
+        command_id=decision.denied_command_id if decision.outcome is Outcome.DENY else None,
+        reasons=tuple(reasons),
+        policy_ids=tuple(decision.policy_ids),
+        denied_at=now,
     )
+    ctx.emit(denied, key=proposal.incident_id)

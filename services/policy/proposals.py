@@ -15,6 +15,7 @@ from typing import Any
 
 from flotilla.commands import idempotency_key
 from flotilla.digest import AUTHORIZATION_FIELD, command_digest, without_authorization
+from flotilla.records import RecoveryProposed
 from services.policy.commands import KIND_FIELDS, MalformedStep, canonical_step, command_kind, summarize
 from services.policy.decide import ProposalFacts, StepFacts, Target, distinct_targets
 
@@ -78,12 +79,12 @@ class Proposal:
 
 def read_proposal(value: Mapping[str, Any], *, correlation_id: str) -> Proposal:
     """Check a decoded RecoveryProposed and return it canonicalized; raises InvalidProposal."""
-    incident = str(value["incidentId"])
-    proposal_id = str(value["proposalId"])
+    proposed = RecoveryProposed.from_value(value)
+    incident, proposal_id = proposed.incident_id, proposed.proposal_id
     if incident != correlation_id:
         raise InvalidProposal(f"incidentId {incident} differs from ce_correlationid {correlation_id}")
     raw_steps = []
-    for index, raw in enumerate(value["steps"]):
+    for index, raw in enumerate(proposed.steps):
         if raw.get(AUTHORIZATION_FIELD) is not None:
             raise InvalidProposal(f"step {index} carries an authorization: only the policy service authorizes")
         raw_steps.append(without_authorization(raw))
@@ -93,8 +94,8 @@ def read_proposal(value: Mapping[str, Any], *, correlation_id: str) -> Proposal:
         expected = command_digest(raw_steps)
     except (TypeError, ValueError) as exc:
         raise InvalidProposal(f"the steps cannot be digested: {exc}") from None
-    if value["digest"] != expected:
-        raise InvalidProposal(f"digest {value['digest']} does not match the steps (their digest is {expected})")
+    if proposed.digest != expected:
+        raise InvalidProposal(f"digest {proposed.digest} does not match the steps (their digest is {expected})")
     kinds = []
     steps = []
     command_ids: set[str] = set()
@@ -124,17 +125,13 @@ def read_proposal(value: Mapping[str, Any], *, correlation_id: str) -> Proposal:
         steps.append(step)
     if command_digest(steps) != expected:  # the stored form must hash the same
         raise InvalidProposal("the steps do not survive canonicalization unchanged")
-    reasoning = value.get("reasoning") or {}
-    proposed_at = value["proposedAt"]
-    if not isinstance(proposed_at, datetime):
-        raise InvalidProposal("proposedAt is not a timestamp")
     return Proposal(
         incident_id=incident,
         proposal_id=proposal_id,
-        proposed_by=str(value["proposedBy"]),
-        digest=str(value["digest"]),
+        proposed_by=proposed.proposed_by,
+        digest=proposed.digest,
         steps=tuple(steps),
         kinds=tuple(kinds),
-        confidence=float(reasoning.get("confidence", 0.0)),
-        proposed_at=proposed_at,
+        confidence=proposed.reasoning.confidence,
+        proposed_at=proposed.proposed_at,
     )

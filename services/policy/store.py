@@ -19,11 +19,10 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from flotilla.envelope import Envelope
+from flotilla.records import HumanApprovalRequired
 from services.policy.commands import command_record
 from services.policy.decide import Decision, ProposalFacts, Target, distinct_targets
 from services.policy.rules import ProposalStatus, ProposalView
-
-HUMAN_APPROVAL_REQUIRED = "dev.flotilla.incidents.HumanApprovalRequired"
 
 
 def migration() -> str:
@@ -88,7 +87,7 @@ class StoredProposal:
         if self.request_event_id is None or self.request_hops is None:
             raise ValueError(f"proposal {self.proposal_id} never asked for approval")
         return Envelope(
-            type=HUMAN_APPROVAL_REQUIRED,
+            type=HumanApprovalRequired.TYPE,
             source=self.request_source or "/flotilla/policy-service",
             correlationid=self.incident_id,
             id=self.request_event_id,

@@ -23,19 +23,14 @@ from typing import Any
 
 from flotilla_reasoning import Proposal, Reasoner, ReasoningFailed, SimClient
 from flotilla_reasoning.failures import escalation_reason, record_failure
-from flotilla_reasoning.records import (
-    DIAGNOSES,
-    INCIDENT_ESCALATED,
-    INCIDENTS,
-    RECOVERY_PROPOSED,
-    diagnosis_from_record,
-    escalation_record,
-)
+from flotilla_reasoning.records import DIAGNOSES, read_diagnosis
 
 from flotilla.authority import Signer, attest_proposal
 from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.digest import canonical_json
+from flotilla.escalation import escalation
 from flotilla.handling import Handler, HandlerContext
+from flotilla.records import IncidentEscalated, RecoveryProposed
 from flotilla.runner import ServiceContext
 from flotilla.workflow import accepts
 from services.remediation_agent.plan import InvalidPlan, proposal_value
@@ -70,14 +65,16 @@ class RemediationAgent:
     # ------------------------------------------------------------- consumer
 
     def on_diagnosis(self, ctx: HandlerContext) -> None:
-        defer(ctx, PROPOSE, contract_topic=INCIDENTS, deadline_seconds=self.settings.propose_deadline_seconds)
+        defer(
+            ctx, PROPOSE, contract_topic=RecoveryProposed.TOPIC, deadline_seconds=self.settings.propose_deadline_seconds
+        )
 
     # ------------------------------------------- worker: no transaction open
 
     def plan(self, ctx: ServiceContext, work: Work) -> Proposal | ReasoningFailed:
         """The slow part: the sim's topology and the reasoner's plan (SimUnavailable, or
         a model server that does not answer, raise: the worker tries again later)."""
-        diagnosis = diagnosis_from_record(work.record.record_type, work.record.value)
+        diagnosis = read_diagnosis(work.record.record_type, work.record.value)
         topology = self.sim.snapshot()
         try:
             return self.reasoner.propose(diagnosis, topology)
@@ -89,7 +86,7 @@ class RemediationAgent:
 
     def decide(self, finish: Finish, outcome: Proposal | ReasoningFailed) -> str:
         incident = finish.work.incident_id
-        if not accepts(finish.state, RECOVERY_PROPOSED):
+        if not accepts(finish.state, RecoveryProposed.TYPE):
             log.info("%s: no proposal, the incident is %s now", incident, finish.state.status)
             return "abandoned"
         if isinstance(outcome, ReasoningFailed):
@@ -109,11 +106,11 @@ class RemediationAgent:
             unplannable = ReasoningFailed(str(exc), reasoner=outcome.reasoning.reasoner, usage=outcome.reasoning.usage)
             return self._escalate(finish, incident, unplannable, f"the recovery plan cannot be proposed: {exc}")
         self._propose(finish, outcome, attest_proposal(self.signer, value, now=finish.now))
-        return RECOVERY_PROPOSED
+        return RecoveryProposed.TYPE
 
     def give_up(self, finish: Finish, error: str) -> str:
         """Still no plan at the work's deadline (the sim or the model server kept failing)."""
-        if not accepts(finish.state, INCIDENT_ESCALATED):
+        if not accepts(finish.state, IncidentEscalated.TYPE):
             return "abandoned"
         failure = ReasoningFailed(f"no plan before the deadline ({error[:200]})", reasoner=self.reasoner.name)
         return self._escalate(
@@ -122,21 +119,15 @@ class RemediationAgent:
 
     @staticmethod
     def _escalate(ctx: Finish, incident: str, failure: ReasoningFailed, reason: str) -> str:
-        value = escalation_record(
-            incident,
-            reason=reason,
-            cause_event_id=ctx.incoming.envelope.id,
-            cause_type=ctx.incoming.record_type,
-            now=ctx.now,
-        )
-        envelope = ctx.emit(INCIDENTS, incident, INCIDENT_ESCALATED, value)
+        envelope = ctx.emit(escalation(incident, reason, cause=ctx.incoming.envelope, at=ctx.now), key=incident)
         record_failure(ctx.conn, incident_id=incident, escalation_event_id=envelope.id, failure=failure)
-        return INCIDENT_ESCALATED
+        return IncidentEscalated.TYPE
 
     def _propose(self, ctx: Finish, proposal: Proposal, value: dict[str, Any]) -> None:
-        proposal_id = value["proposalId"]
-        envelope = ctx.emit(INCIDENTS, proposal.incident_id, RECOVERY_PROPOSED, value)
-        steps: list[dict[str, Any]] = value["steps"]
+        """Emit the attested proposal (``value``, as signed) and keep it."""
+        proposed = RecoveryProposed.from_value(value)
+        envelope = ctx.emit(proposed, key=proposal.incident_id)
+        steps = proposed.steps
         usage = proposal.reasoning.usage
         ctx.conn.execute(
             """
@@ -146,11 +137,11 @@ class RemediationAgent:
             VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
             (
-                proposal_id,
+                proposed.proposal_id,
                 proposal.incident_id,
                 envelope.id,
                 proposal.diagnosis_event_id,
-                value["digest"],
+                proposed.digest,
                 json.dumps(json.loads(canonical_json(steps))),
                 [s["idempotencyKey"] for s in steps],
                 proposal.reasoning.reasoner,
@@ -158,7 +149,7 @@ class RemediationAgent:
                 proposal.reasoning.confidence,
                 usage.prompt_tokens,
                 usage.completion_tokens,
-                value["proposedAt"],
+                proposed.proposed_at,
                 min(s["expiresAt"] for s in steps),
             ),
         )
@@ -166,5 +157,5 @@ class RemediationAgent:
             "%s: proposed %s (%s)",
             proposal.incident_id,
             ", ".join(s["idempotencyKey"] for s in steps),
-            value["digest"],
+            proposed.digest,
         )

@@ -86,7 +86,7 @@ def proposal_value(
         "diagnosisEventId": proposal.diagnosis_event_id,
         "steps": steps,
         "digest": command_digest(steps),
-        "reasoning": proposal.reasoning.to_record(),
+        "reasoning": proposal.reasoning.to_record().to_value(),
         "proposedAt": to_millis(now),
     }
 

@@ -5,7 +5,8 @@ call) through ``ServiceContext.emit``. Driven through both emit paths with a fak
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import pytest
 from prometheus_client import REGISTRY
@@ -14,10 +15,27 @@ from flotilla.envelope import Envelope
 from flotilla.handling import HandlerContext, Incoming
 from flotilla.outbox import OutboxRow
 from flotilla.runner import ServiceContext, ServiceSpec
+from flotilla.typedrecord import Record
 
 TOPIC = "incidents"
+NO_CONN: Any = None  # the fake outbox never touches a connection
 OPENED = "flotilla.incidents.ServiceLatencyIncreased"
 APPROVED = "flotilla.incidents.RecoveryApproved"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Opened(Record):
+    TYPE: ClassVar[str] = OPENED
+    TOPIC: ClassVar[str] = TOPIC
+    incident_id: str
+    invalid: bool = False  # the fake outbox refuses it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Approved(Record):
+    TYPE: ClassVar[str] = APPROVED
+    TOPIC: ClassVar[str] = TOPIC
+    incident_id: str
 
 
 def produced(source: str, record_type: str, topic: str = TOPIC) -> float:
@@ -59,23 +77,8 @@ def service(name: str) -> tuple[ServiceContext, FakeOutbox]:
 def test_records_emitted_outside_a_handler_are_counted() -> None:
     ctx, outbox = service("produced-timer")
     before = produced(ctx.source, OPENED), produced(ctx.source, APPROVED)
-    opened = ctx.emit(
-        None,  # type: ignore[arg-type]
-        topic=TOPIC,
-        key="incident-1",
-        record_type=OPENED,
-        value={"incidentId": "incident-1"},
-        correlation="incident-1",
-    )
-    ctx.emit(
-        None,  # type: ignore[arg-type]
-        topic=TOPIC,
-        key="incident-1",
-        record_type=APPROVED,
-        value={"incidentId": "incident-1"},
-        correlation="incident-1",
-        cause=opened,
-    )
+    opened = ctx.emit(NO_CONN, Opened(incident_id="incident-1"), key="incident-1", correlation="incident-1")
+    ctx.emit(NO_CONN, Approved(incident_id="incident-1"), key="incident-1", correlation="incident-1", cause=opened)
     assert len(outbox.appended) == 2
     assert (produced(ctx.source, OPENED), produced(ctx.source, APPROVED)) == (before[0] + 1, before[1] + 1)
     assert ctx.source == "/flotilla/produced-timer"
@@ -85,14 +88,7 @@ def test_a_record_the_outbox_refuses_is_not_counted() -> None:
     ctx, outbox = service("produced-refused")
     before = produced(ctx.source, OPENED)
     with pytest.raises(ValueError):
-        ctx.emit(
-            None,  # type: ignore[arg-type]
-            topic=TOPIC,
-            key="incident-2",
-            record_type=OPENED,
-            value={"invalid": True},
-            correlation="incident-2",
-        )
+        ctx.emit(NO_CONN, Opened(incident_id="incident-2", invalid=True), key="incident-2", correlation="incident-2")
     assert outbox.appended == []
     assert produced(ctx.source, OPENED) == before
 
@@ -106,14 +102,7 @@ def test_handler_and_service_emits_count_in_the_same_series() -> None:
     )
     pending: list[OutboxRow] = []
     handler = HandlerContext(None, incoming, None, FakeOutbox(), ctx.source, pending)  # type: ignore[arg-type]
-    handler.emit(TOPIC, "incident-3", APPROVED, {"incidentId": "incident-3"})
-    ctx.emit(
-        None,  # type: ignore[arg-type]
-        topic=TOPIC,
-        key="incident-3",
-        record_type=APPROVED,
-        value={"incidentId": "incident-3"},
-        correlation="incident-3",
-    )
+    handler.emit(Approved(incident_id="incident-3"), key="incident-3")
+    ctx.emit(NO_CONN, Approved(incident_id="incident-3"), key="incident-3", correlation="incident-3")
     assert len(pending) == 1
     assert produced(ctx.source, APPROVED) == before + 2

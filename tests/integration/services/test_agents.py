@@ -16,14 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
-from flotilla_reasoning.records import (
-    DEPENDENCY_FAILURE_SUSPECTED,
-    DIAGNOSIS_REQUESTED,
-    DIAGNOSTIC_JOB_STARTED,
-    INCIDENT_ESCALATED,
-    RECOVERY_PROPOSED,
-    diagnosis_record,
-)
+from flotilla_reasoning.records import diagnosis_record
 from flotilla_reasoning.sim import parse_metrics, parse_services
 
 from flotilla.authority import verify_proposal
@@ -31,6 +24,13 @@ from flotilla.bootstrap import drop_outbox
 from flotilla.consumer import ConsumerLoop
 from flotilla.envelope import Envelope
 from flotilla.keys import Keyring
+from flotilla.records import (
+    DependencyFailureSuspected,
+    DiagnosisRequested,
+    DiagnosticJobStarted,
+    IncidentEscalated,
+    RecoveryProposed,
+)
 from flotilla.runner import ServiceContext, build_loop, prepare, start_periodic
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
@@ -237,7 +237,7 @@ def produce(stack: StackSettings, topic: str, serde: AvroSerde, records: list[tu
 def incident_opened(incident: str) -> list[tuple[dict[str, Any], Envelope]]:
     """ServiceLatencyIncreased, then the DiagnosisRequested it caused."""
     latency, latency_env = latency_fact(incident, p95_ms=1831.0)
-    request_env = latency_env.caused(DIAGNOSIS_REQUESTED, "/flotilla/health-agent")
+    request_env = latency_env.caused(DiagnosisRequested.TYPE, "/flotilla/health-agent")
     request = {
         "eventId": request_env.id,
         "incidentId": incident,
@@ -329,7 +329,7 @@ def test_diagnosis_requested_becomes_dependency_failure_suspected(
     assert len(written) == 1, what_the_loop_did(ctx, incident, [env.id for _, env in records])
     [(record_type, value, headers)] = written
     request_env = records[1][1]
-    assert record_type == DEPENDENCY_FAILURE_SUSPECTED
+    assert record_type == DependencyFailureSuspected.TYPE
     assert value["suspectedDependency"] == "payments-api"
     assert value["service"] == "checkout-api"
     assert value["jobId"] is None
@@ -361,10 +361,10 @@ def test_a_model_answering_garbage_twice_escalates_and_diagnoses_nothing(
     llm_agent.worker.run_due(llm_ctx)
 
     written = outbox(ctx, incident)
-    assert [t for t, _, _ in written] == [INCIDENT_ESCALATED]  # and no diagnosis
+    assert [t for t, _, _ in written] == [IncidentEscalated.TYPE]  # and no diagnosis
     _, escalated, headers = written[0]
     assert str(escalated["causeEventId"]) == records[1][1].id
-    assert escalated["causeType"] == DIAGNOSIS_REQUESTED
+    assert escalated["causeType"] == DiagnosisRequested.TYPE
     assert escalated["escalatedTo"] == "on-call"
     assert "llm reasoner could not diagnose" in escalated["reason"]
     assert "rootCauseTicket" not in escalated["reason"]  # the bad answer never reaches a topic
@@ -396,7 +396,7 @@ def test_a_slow_job_survives_a_restart_and_finishes_exactly_once(
     drain(on_topic(slow_ctx, topic), 2)
 
     [(record_type, started, started_headers)] = outbox(ctx, incident)
-    assert record_type == DIAGNOSTIC_JOB_STARTED
+    assert record_type == DiagnosticJobStarted.TYPE
     assert started["jobKind"] == "dependency-probe"
     assert started["startedBy"] == "diagnostic-agent"
     assert started_headers["causationid"] == records[1][1].id
@@ -416,7 +416,7 @@ def test_a_slow_job_survives_a_restart_and_finishes_exactly_once(
         restarted.pool.close()
 
     written = outbox(ctx, incident)
-    assert [t for t, _, _ in written] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
+    assert [t for t, _, _ in written] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
     _, diagnosis, headers = written[1]
     assert str(diagnosis["jobId"]) == job_id
     assert diagnosis["suspectedDependency"] == "payments-api"
@@ -427,7 +427,7 @@ def test_a_slow_job_survives_a_restart_and_finishes_exactly_once(
         row = conn.execute(
             "SELECT status, outcome_type, outcome_event_id FROM diagnostic_jobs WHERE job_id = %s", (job_id,)
         ).fetchone()
-    assert row == ("done", DEPENDENCY_FAILURE_SUSPECTED, headers["id"])
+    assert row == ("done", DependencyFailureSuspected.TYPE, headers["id"])
 
 
 def test_two_instances_racing_for_a_due_job_finish_it_once(
@@ -453,8 +453,8 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert sorted(outcomes, key=lambda o: o or "") == [None, DEPENDENCY_FAILURE_SUSPECTED]
-    assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
+    assert sorted(outcomes, key=lambda o: o or "") == [None, DependencyFailureSuspected.TYPE]
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
 
 
 def _opened_while_the_sim_is_down(
@@ -484,7 +484,7 @@ def test_a_sim_that_does_not_answer_is_retried_through_a_job(
     ctx, agent = diagnostic
     incident = _opened_while_the_sim_is_down(stack, serde, diagnostic, fake_sim, topic)
     [(record_type, started, _)] = outbox(ctx, incident)
-    assert record_type == DIAGNOSTIC_JOB_STARTED  # not a dead letter
+    assert record_type == DiagnosticJobStarted.TYPE  # not a dead letter
     job_id = str(started["jobId"])
     due = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
 
@@ -492,8 +492,8 @@ def test_a_sim_that_does_not_answer_is_retried_through_a_job(
     assert "SimUnavailable" in scalar(ctx, "SELECT last_error FROM diagnostic_jobs WHERE job_id = %s", job_id)
     fake_sim.available = True
     retry = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
-    assert agent.finish_one(ctx, now=retry) == DEPENDENCY_FAILURE_SUSPECTED
-    assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, DEPENDENCY_FAILURE_SUSPECTED]
+    assert agent.finish_one(ctx, now=retry) == DependencyFailureSuspected.TYPE
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
 
 
 def test_a_job_past_its_deadline_without_evidence_escalates(
@@ -507,11 +507,11 @@ def test_a_job_past_its_deadline_without_evidence_escalates(
     incident = _opened_while_the_sim_is_down(stack, serde, diagnostic, fake_sim, topic)
     [(_, started, started_headers)] = outbox(ctx, incident)
     deadline = scalar(ctx, "SELECT deadline FROM diagnostic_jobs WHERE job_id = %s", str(started["jobId"]))
-    assert agent.finish_one(ctx, now=deadline + timedelta(seconds=1)) == INCIDENT_ESCALATED
+    assert agent.finish_one(ctx, now=deadline + timedelta(seconds=1)) == IncidentEscalated.TYPE
     [_, (record_type, escalated, _)] = outbox(ctx, incident)
-    assert record_type == INCIDENT_ESCALATED
+    assert record_type == IncidentEscalated.TYPE
     assert str(escalated["causeEventId"]) == started_headers["id"]
-    assert escalated["causeType"] == DIAGNOSTIC_JOB_STARTED
+    assert escalated["causeType"] == DiagnosticJobStarted.TYPE
 
 
 def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
@@ -525,14 +525,14 @@ def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
     incident = new_incident()
     records = _diagnosed(incident)
     diagnosis_env = records[-1][1]
-    assert diagnosis_env.type == DEPENDENCY_FAILURE_SUSPECTED
+    assert diagnosis_env.type == DependencyFailureSuspected.TYPE
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 3)
     assert outbox(ctx, incident) == []  # the handler only deferred the diagnosis
     run_deferred(ctx)
 
     [(record_type, proposal, headers)] = outbox(ctx, incident)
-    assert record_type == RECOVERY_PROPOSED
+    assert record_type == RecoveryProposed.TYPE
     assert headers["causationid"] == diagnosis_env.id
     assert str(proposal["diagnosisEventId"]) == diagnosis_env.id
     assert proposal["proposedBy"] == "remediation-agent"
@@ -571,7 +571,7 @@ def test_a_model_that_cannot_plan_escalates_instead_of_proposing(
     drain(on_topic(llm_ctx, topic), 3)
     run_deferred(llm_ctx)
 
-    assert [t for t, _, _ in outbox(ctx, incident)] == [INCIDENT_ESCALATED]
+    assert [t for t, _, _ in outbox(ctx, incident)] == [IncidentEscalated.TYPE]
     assert scalar(ctx, "SELECT count(*) FROM proposals WHERE incident_id = %s", incident) == 0
     assert scalar(ctx, "SELECT tokens_used FROM incident_workflow WHERE incident_id = %s", incident) == 320
 
@@ -617,9 +617,9 @@ def test_a_job_that_keeps_failing_is_retried_until_its_deadline_then_escalated(
     )
     assert agent.finish_one(slow_ctx, now=due) == "postponed"
     assert "reasoner bug" in scalar(ctx, "SELECT last_error FROM diagnostic_jobs WHERE job_id = %s", job_id)
-    assert agent.finish_one(slow_ctx, now=deadline) == INCIDENT_ESCALATED
+    assert agent.finish_one(slow_ctx, now=deadline) == IncidentEscalated.TYPE
     assert agent.finish_one(slow_ctx, now=deadline + timedelta(hours=1)) is None
-    assert [t for t, _, _ in outbox(ctx, incident)] == [DIAGNOSTIC_JOB_STARTED, INCIDENT_ESCALATED]
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, IncidentEscalated.TYPE]
 
 
 def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_retried_then_escalated(
@@ -644,10 +644,10 @@ def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_retried_th
     sql = "SELECT {} FROM deferred_work WHERE incident_id = %s"
     assert "SimUnavailable" in scalar(ctx, sql.format("last_error"), incident)
     deadline = scalar(ctx, sql.format("deadline"), incident)
-    assert agent.worker.run_one(ctx, now=deadline) == INCIDENT_ESCALATED  # a person is told, nothing is lost
+    assert agent.worker.run_one(ctx, now=deadline) == IncidentEscalated.TYPE  # a person is told, nothing is lost
     assert agent.worker.run_one(ctx, now=deadline + timedelta(hours=1)) is None  # once
     [(record_type, escalated, headers)] = outbox(ctx, incident)
-    assert record_type == INCIDENT_ESCALATED and headers["causationid"] == diagnosis_env.id
+    assert record_type == IncidentEscalated.TYPE and headers["causationid"] == diagnosis_env.id
     assert "no plan before the deadline" in escalated["reason"]
 
 
@@ -668,8 +668,8 @@ class _SlowFor(RulesReasoner):
 
 def _diagnosed(incident: str) -> list[tuple[dict[str, Any], Envelope]]:
     records = incident_opened(incident)
-    diagnosis_env = records[1][1].caused(DEPENDENCY_FAILURE_SUSPECTED, "/flotilla/diagnostic-agent")
-    _, value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC))
+    diagnosis_env = records[1][1].caused(DependencyFailureSuspected.TYPE, "/flotilla/diagnostic-agent")
+    value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC)).to_value()
     return [*records, ({"eventId": diagnosis_env.id, **value}, diagnosis_env)]
 
 
@@ -717,8 +717,8 @@ def test_a_model_taking_30_s_delays_no_other_incident_and_holds_no_transaction(
         consuming.join(30)
         for worker in workers:
             worker.join(40)
-    assert [t for t, _, _ in outbox(ctx, fast)] == [RECOVERY_PROPOSED]
-    assert [t for t, _, _ in outbox(ctx, slow)] == [RECOVERY_PROPOSED]
+    assert [t for t, _, _ in outbox(ctx, fast)] == [RecoveryProposed.TYPE]
+    assert [t for t, _, _ in outbox(ctx, slow)] == [RecoveryProposed.TYPE]
     print(f"second incident proposed {fast_after:.2f} s after the first one's model call began")
 
 

@@ -34,11 +34,12 @@ from flotilla.authority import Signer
 from flotilla.bootstrap import ensure_database
 from flotilla.consumer import ConsumerLoop, migrate
 from flotilla.envelope import Envelope
+from flotilla.records import CommandFailed, RecoveryCompleted, RecoveryFailed
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.testing.producing import ordered_producer
-from services.executor import commands, idempotency, leases, outcomes
+from services.executor import commands, idempotency, leases
 from services.executor.commands import Step
 from services.executor.execution import Applied, Executor, Failed, Replayed
 from services.executor.idempotency import Begun, State
@@ -709,7 +710,7 @@ def test_recovery_failed_compensates_completed_steps_in_reverse_order(
             stack,
             serde,
             topics[1],
-            outcomes.RECOVERY_FAILED,
+            RecoveryFailed.TYPE,
             {
                 "incidentId": incident,
                 "proposalId": proposal,
@@ -726,7 +727,7 @@ def test_recovery_failed_compensates_completed_steps_in_reverse_order(
             stack,
             serde,
             topics[1],
-            outcomes.RECOVERY_FAILED,
+            RecoveryFailed.TYPE,
             {
                 "incidentId": incident,
                 "proposalId": proposal,
@@ -869,7 +870,7 @@ def test_an_undo_that_fails_stops_the_compensation_and_escalates(
     assert str(undo_failed["compensates"]) == scale["commandId"]
     assert undo_failed["idempotencyKey"] == scale["idempotencyKey"] + ":compensate"
     assert str(escalated["causeEventId"]) == str(undo_failed["eventId"])
-    assert escalated["causeType"] == outcomes.COMMAND_FAILED and escalated["escalatedTo"] == "on-call"
+    assert escalated["causeType"] == CommandFailed.TYPE and escalated["escalatedTo"] == "on-call"
     assert f"Left as they are: {incident}:scale:12" in escalated["reason"]
     assert target.service(f"production/{name}")["replicas"] == 12  # left for a person
 
@@ -891,7 +892,7 @@ def test_a_verified_recovery_is_no_longer_compensated(
             stack,
             serde,
             topics[1],
-            outcomes.RECOVERY_COMPLETED,
+            RecoveryCompleted.TYPE,
             {
                 "incidentId": incident,
                 "proposalId": proposal,
@@ -906,7 +907,7 @@ def test_a_verified_recovery_is_no_longer_compensated(
             stack,
             serde,
             topics[1],
-            outcomes.RECOVERY_FAILED,
+            RecoveryFailed.TYPE,
             {
                 "incidentId": incident,
                 "proposalId": proposal,

@@ -32,6 +32,15 @@ from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, HandlerContext, Incoming
 from flotilla.keys import Keyring
 from flotilla.outbox import Outbox, OutboxRow
+from flotilla.records import (
+    ApprovalExpired,
+    CommandDenied,
+    HumanApprovalRequired,
+    IncidentEscalated,
+    RecoveryApproved,
+    RecoveryProposed,
+    RecoveryRejected,
+)
 from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
 from flotilla.service import ServiceSettings, create_app
@@ -44,15 +53,6 @@ from services.policy.auth import TokenStore
 from services.policy.decide import PolicyEngine
 from services.policy.handlers import make_handlers
 from services.policy.inventory import StaticInventory
-from services.policy.records import (
-    APPROVAL_EXPIRED,
-    COMMAND_DENIED,
-    HUMAN_APPROVAL_REQUIRED,
-    INCIDENT_ESCALATED,
-    RECOVERY_APPROVED,
-    RECOVERY_PROPOSED,
-    RECOVERY_REJECTED,
-)
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
 from services.policy.testing import AGENT, proposal, step
@@ -148,7 +148,7 @@ def set_incident_status(svc: ServiceContext, incident: str, status: Status) -> N
 
 
 def envelope_for(value: dict[str, Any]) -> Envelope:
-    return Envelope(type=RECOVERY_PROPOSED, source="/flotilla/remediation-agent", correlationid=value["incidentId"])
+    return Envelope(type=RecoveryProposed.TYPE, source="/flotilla/remediation-agent", correlationid=value["incidentId"])
 
 
 def produce(
@@ -160,7 +160,7 @@ def produce(
     for value in values:
         env = envelope_for(value)
         signed = attest(value) if attested and value.get("attestation") is None else value
-        payload = serde.serialize("incidents", RECOVERY_PROPOSED, {"eventId": env.id, **signed})
+        payload = serde.serialize("incidents", RecoveryProposed.TYPE, {"eventId": env.id, **signed})
         producer.produce(topic, key=value["incidentId"], value=payload, headers=env.headers())
         envelopes.append(env)
     assert producer.flush(15) == 0
@@ -180,14 +180,16 @@ def handle_directly(svc: ServiceContext, runtime: PolicyRuntime, value: dict[str
     state locked and advanced, emitted rows inserted (no dedupe: the caller's choice)."""
     env = envelope_for(value)
     signed = attest(value) if value.get("attestation") is None else value
-    incoming = Incoming("incidents", 0, 0, value["incidentId"], env, RECOVERY_PROPOSED, {"eventId": env.id, **signed})
-    handler = make_handlers(svc, runtime)[RECOVERY_PROPOSED]
+    incoming = Incoming(
+        "incidents", 0, 0, value["incidentId"], env, RecoveryProposed.TYPE, {"eventId": env.id, **signed}
+    )
+    handler = make_handlers(svc, runtime)[RecoveryProposed.TYPE]
     with svc.pool.connection() as conn, conn.transaction():
         state = WorkflowStore.load_for_update(conn, value["incidentId"])
         pending: list[OutboxRow] = []
         handler(HandlerContext(conn, incoming, state, svc.outbox, svc.source, pending))
         Outbox.insert(conn, pending)
-        WorkflowStore.save(conn, transition(state, RECOVERY_PROPOSED, event_id=env.id, at=datetime.now(UTC)))
+        WorkflowStore.save(conn, transition(state, RecoveryProposed.TYPE, event_id=env.id, at=datetime.now(UTC)))
     return env
 
 
@@ -263,8 +265,8 @@ def test_an_auto_authorized_plan_emits_approval_and_commands(
     drain(loop, 1)
 
     rows = outbox(svc, incident)
-    assert [r.type for r in rows if r.topic == "incidents"] == [RECOVERY_APPROVED]
-    [approved] = of_type(rows, RECOVERY_APPROVED)
+    assert [r.type for r in rows if r.topic == "incidents"] == [RecoveryApproved.TYPE]
+    [approved] = of_type(rows, RecoveryApproved.TYPE)
     assert approved.value["auto"] is True
     assert approved.value["approvedBy"] == "policy-service"
     assert approved.value["digest"] == value["digest"]
@@ -300,7 +302,7 @@ def test_a_plan_needing_a_person_is_approved_over_http(
     drain(loop, 1)
 
     rows = outbox(svc, incident)
-    assert [r.type for r in rows] == [HUMAN_APPROVAL_REQUIRED]  # no command yet
+    assert [r.type for r in rows] == [HumanApprovalRequired.TYPE]  # no command yet
     request = rows[0]
     assert request.value["requiredRole"] == "approver"
     assert request.value["proposedBy"] == AGENT
@@ -327,7 +329,7 @@ def test_a_plan_needing_a_person_is_approved_over_http(
     assert answer.json()["status"] == "approved"
 
     rows = outbox(svc, incident)
-    [approved] = of_type(rows, RECOVERY_APPROVED)
+    [approved] = of_type(rows, RecoveryApproved.TYPE)
     assert approved.value["auto"] is False
     assert approved.value["approvedBy"] == "alice"
     assert approved.value["policyIds"] == ["approvers-may-decide"]
@@ -361,9 +363,9 @@ def test_an_approval_after_the_deadline_is_refused_and_the_proposal_expires(
     assert "deadline" in answer.json()["detail"]
     assert status_of(svc, value["proposalId"])[0] == "expired"
     rows = outbox(svc, value["incidentId"])
-    assert len(of_type(rows, APPROVAL_EXPIRED)) == 1
-    assert len(of_type(rows, INCIDENT_ESCALATED)) == 1
-    assert not of_type(rows, RECOVERY_APPROVED)
+    assert len(of_type(rows, ApprovalExpired.TYPE)) == 1
+    assert len(of_type(rows, IncidentEscalated.TYPE)) == 1
+    assert not of_type(rows, RecoveryApproved.TYPE)
     assert not of_type(rows, SCALE)
 
     # it stays expired: a second try, and the sweep, change nothing
@@ -372,7 +374,7 @@ def test_an_approval_after_the_deadline_is_refused_and_the_proposal_expires(
     )
     assert again.status_code == 409
     approvals.expire(svc)
-    assert len(of_type(outbox(svc, value["incidentId"]), APPROVAL_EXPIRED)) == 1
+    assert len(of_type(outbox(svc, value["incidentId"]), ApprovalExpired.TYPE)) == 1
 
 
 def test_the_proposer_cannot_approve(svc: ServiceContext, runtime: PolicyRuntime, client: TestClient) -> None:
@@ -384,7 +386,7 @@ def test_the_proposer_cannot_approve(svc: ServiceContext, runtime: PolicyRuntime
     assert "cannot approve" in answer.json()["detail"]
     assert answer.json()["policyIds"] == ["proposer-cannot-approve"]
     assert status_of(svc, value["proposalId"])[0] == "pending"
-    assert not of_type(outbox(svc, value["incidentId"]), RECOVERY_APPROVED)
+    assert not of_type(outbox(svc, value["incidentId"]), RecoveryApproved.TYPE)
 
 
 def test_a_wrong_digest_is_refused(svc: ServiceContext, runtime: PolicyRuntime, client: TestClient) -> None:
@@ -506,14 +508,14 @@ def test_a_rejection_escalates(svc: ServiceContext, runtime: PolicyRuntime, clie
     )
     assert answer.status_code == 200, answer.text
     rows = outbox(svc, value["incidentId"])
-    [request] = of_type(rows, HUMAN_APPROVAL_REQUIRED)
-    [rejected] = of_type(rows, RECOVERY_REJECTED)
-    [escalated] = of_type(rows, INCIDENT_ESCALATED)
+    [request] = of_type(rows, HumanApprovalRequired.TYPE)
+    [rejected] = of_type(rows, RecoveryRejected.TYPE)
+    [escalated] = of_type(rows, IncidentEscalated.TYPE)
     assert rejected.value["rejectedBy"] == "alice"
     assert rejected.value["reason"] == "payments is failing over already"
     assert rejected.causation == request.id
     assert str(escalated.value["causeEventId"]) == rejected.id
-    assert escalated.value["causeType"] == RECOVERY_REJECTED
+    assert escalated.value["causeType"] == RecoveryRejected.TYPE
     assert escalated.value["escalatedTo"] == "on-call"
     assert not of_type(rows, SCALE)
     assert status_of(svc, value["proposalId"])[0] == "rejected"
@@ -543,9 +545,9 @@ def test_the_expiry_sweep_emits_once_however_many_sweeps_race(svc: ServiceContex
 
     for value in values:
         rows = outbox(svc, value["incidentId"])
-        [request] = of_type(rows, HUMAN_APPROVAL_REQUIRED)
-        [expired] = of_type(rows, APPROVAL_EXPIRED)
-        [escalated] = of_type(rows, INCIDENT_ESCALATED)
+        [request] = of_type(rows, HumanApprovalRequired.TYPE)
+        [expired] = of_type(rows, ApprovalExpired.TYPE)
+        [escalated] = of_type(rows, IncidentEscalated.TYPE)
         assert expired.causation == request.id
         assert expired.value["deadline"] == request.value["deadline"]
         assert expired.value["requiredRole"] == "approver"
@@ -561,7 +563,7 @@ def test_a_dry_run_emits_no_commands(svc: ServiceContext, runtime: PolicyRuntime
         value = scale_proposal(incident, replicas=replicas)
         handle_directly(svc, dry, value)
         rows = outbox(svc, incident)
-        assert [r.type for r in rows] == [COMMAND_DENIED]
+        assert [r.type for r in rows] == [CommandDenied.TYPE]
         assert rows[0].value["reasons"][0] == f"dry-run: would {would}"
         assert len(rows[0].value["reasons"]) > 1
         assert rows[0].value["policyIds"]
@@ -573,7 +575,7 @@ def test_a_denied_plan(svc: ServiceContext, runtime: PolicyRuntime) -> None:
     value = scale_proposal(incident, replicas=40)
     handle_directly(svc, runtime, value)
     [denied] = outbox(svc, incident)
-    assert denied.type == COMMAND_DENIED
+    assert denied.type == CommandDenied.TYPE
     assert denied.value["reasons"] == ["replicas 40 above the limit of 20"]
     assert denied.value["policyIds"] == ["max-replicas"]
     assert str(denied.value["commandId"]) == value["steps"][0]["commandId"]
@@ -585,7 +587,10 @@ def test_dev_is_auto_authorized(svc: ServiceContext, runtime: PolicyRuntime) -> 
     value = scale_proposal(incident, replicas=12, env="dev")  # 2 -> 12 in dev
     handle_directly(svc, runtime, value)
     rows = outbox(svc, incident)
-    assert [r.type for r in rows] == [SCALE, RECOVERY_APPROVED] or [r.type for r in rows] == [RECOVERY_APPROVED, SCALE]
+    assert [r.type for r in rows] == [SCALE, RecoveryApproved.TYPE] or [r.type for r in rows] == [
+        RecoveryApproved.TYPE,
+        SCALE,
+    ]
     assert of_type(rows, SCALE)[0].key == "dev/checkout-api"
 
 
@@ -624,7 +629,7 @@ def test_an_escalated_incident_cancels_its_pending_approvals(
 ) -> None:
     value = pending_proposal(svc, runtime)
     incident = value["incidentId"]
-    env = Envelope(type=INCIDENT_ESCALATED, source="/flotilla/health-agent", correlationid=incident)
+    env = Envelope(type=IncidentEscalated.TYPE, source="/flotilla/health-agent", correlationid=incident)
     escalation = {
         "eventId": env.id,
         "incidentId": incident,
@@ -634,9 +639,9 @@ def test_an_escalated_incident_cancels_its_pending_approvals(
         "escalatedTo": "on-call",
         "escalatedAt": value["proposedAt"],
     }
-    incoming = Incoming("incidents", 0, 1, incident, env, INCIDENT_ESCALATED, escalation)
+    incoming = Incoming("incidents", 0, 1, incident, env, IncidentEscalated.TYPE, escalation)
     with svc.pool.connection() as conn, conn.transaction():
-        make_handlers(svc, runtime)[INCIDENT_ESCALATED](
+        make_handlers(svc, runtime)[IncidentEscalated.TYPE](
             HandlerContext(conn, incoming, None, svc.outbox, svc.source, [])
         )
     assert status_of(svc, value["proposalId"])[0] == "cancelled"
@@ -700,7 +705,7 @@ def test_a_forged_proposal_never_replaces_one_waiting_for_a_person(
     drain(loop, 3)
     assert status_of(svc, waiting["proposalId"]) == ("pending", None)
     rows = outbox(svc, incident)
-    assert of_type(rows, SCALE) == [] and of_type(rows, RECOVERY_APPROVED) == []
+    assert of_type(rows, SCALE) == [] and of_type(rows, RecoveryApproved.TYPE) == []
     assert dead_letter_reasons(stack, topic, {e.id for e in sent}) == {e.id: "unauthorized" for e in sent}
     with svc.pool.connection() as conn:
         current = conn.execute(

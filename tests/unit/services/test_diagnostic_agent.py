@@ -10,16 +10,10 @@ import httpx
 import pytest
 from fastavro import parse_schema
 from flotilla_reasoning import RulesReasoner, SimClient, SimUnavailable
-from flotilla_reasoning.records import (
-    DEPENDENCY_FAILURE_SUSPECTED,
-    DIAGNOSIS_CONCLUDED,
-    INCIDENT_ESCALATED,
-    diagnosis_from_record,
-    diagnosis_record,
-    escalation_record,
-)
+from flotilla_reasoning.records import diagnosis_record, read_diagnosis
 
 from flotilla.contracts import load_contracts
+from flotilla.records import DependencyFailureSuspected, DiagnosisConcluded
 from flotilla.validation import RecordValidator
 from services.diagnostic_agent import DiagnosticSettings
 
@@ -108,11 +102,11 @@ def validator(full_name: str) -> RecordValidator:
 def test_a_suspected_dependency_becomes_a_valid_record_and_back() -> None:
     diagnosis = RulesReasoner().diagnose(evidence(demo_topology()))
     now = datetime.now(UTC)
-    record_type, value = diagnosis_record(diagnosis, job_id=str(uuid.uuid4()), now=now)
-    assert record_type == DEPENDENCY_FAILURE_SUSPECTED
-    value = {"eventId": str(uuid.uuid4()), **value}
-    assert validator(record_type).problems(value) == []
-    back = diagnosis_from_record(record_type, value)
+    record = diagnosis_record(diagnosis, job_id=str(uuid.uuid4()), now=now)
+    assert isinstance(record, DependencyFailureSuspected)
+    value = {"eventId": str(uuid.uuid4()), **record.to_value()}
+    assert validator(record.TYPE).problems(value) == []
+    back = read_diagnosis(record.TYPE, value)
     assert back.suspected_dependency == "payments-api"
     assert back.event_id == value["eventId"]
     assert back.reasoning == diagnosis.reasoning
@@ -120,21 +114,10 @@ def test_a_suspected_dependency_becomes_a_valid_record_and_back() -> None:
 
 def test_a_conclusion_becomes_a_valid_record() -> None:
     diagnosis = RulesReasoner().diagnose(evidence(demo_topology(payments_ms=36.0), may_request_more=False))
-    record_type, value = diagnosis_record(diagnosis, job_id=None, now=datetime.now(UTC))
-    assert record_type == DIAGNOSIS_CONCLUDED
-    assert validator(record_type).problems({"eventId": str(uuid.uuid4()), **value}) == []
-    assert value["causeCategory"] == "capacity"
-
-
-def test_an_escalation_is_a_valid_record() -> None:
-    value = escalation_record(
-        "incident-1",
-        reason="the llm reasoner could not diagnose the incident",
-        cause_event_id=str(uuid.uuid4()),
-        cause_type="dev.flotilla.incidents.DiagnosisRequested",
-        now=datetime.now(UTC),
-    )
-    assert validator(INCIDENT_ESCALATED).problems({"eventId": str(uuid.uuid4()), **value}) == []
+    record = diagnosis_record(diagnosis, job_id=None, now=datetime.now(UTC))
+    assert isinstance(record, DiagnosisConcluded)
+    assert validator(record.TYPE).problems({"eventId": str(uuid.uuid4()), **record.to_value()}) == []
+    assert record.cause_category == "capacity"
 
 
 def test_settings_default_to_the_fleet_table() -> None:

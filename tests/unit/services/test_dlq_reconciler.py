@@ -22,13 +22,13 @@ from flotilla.contracts import load_contracts, subject_for
 from flotilla.envelope import Envelope
 from flotilla.keys import Keyring
 from flotilla.rawrecords import jsonable
+from flotilla.records import DeadLetterQuarantined
 from flotilla.serde import AvroSerde
 from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from flotilla.validation import RecordValidator
 from services.dlq_reconciler.api import requeue_payload
 from services.dlq_reconciler.auth import Operator, OperatorTokens
 from services.dlq_reconciler.quarantine import (
-    DEAD_LETTER_QUARANTINED,
     REQUEUED_BY,
     REQUEUED_FROM,
     UNATTRIBUTED,
@@ -148,8 +148,8 @@ def test_the_quarantine_fact_matches_its_contract(serde: AvroSerde) -> None:
     letter, env = poison(serde)
     fact_env = fact_envelope(letter, "/flotilla/dlq-reconciler")
     assert fact_env is not None
-    value = {"eventId": fact_env.id, **quarantine_fact(letter, uuid.uuid4(), datetime.now(UTC))}
-    schema = next(c.schema for c in load_contracts() if c.full_name == DEAD_LETTER_QUARANTINED)
+    value = {"eventId": fact_env.id, **quarantine_fact(letter, uuid.uuid4(), datetime.now(UTC)).to_value()}
+    schema = next(c.schema for c in load_contracts() if c.full_name == DeadLetterQuarantined.TYPE)
     assert RecordValidator(parse_schema(schema)).problems(value) == []
     assert value["originalEventId"] == env.id
     assert (value["dlqTopic"], value["dlqPartition"], value["dlqOffset"]) == ("incidents.dlq", 1, 77)
@@ -179,8 +179,8 @@ def test_the_quarantine_fact_of_an_unreadable_letter_still_matches_its_contract(
     letter = DeadLetter(
         "incidents.dlq", 2, 9, key=None, value=b"\x01junk", headers=[("ce_id", b"not-a-uuid"), *context_headers()]
     )
-    value = {"eventId": str(uuid.uuid4()), **quarantine_fact(letter, uuid.uuid4(), datetime.now(UTC))}
-    schema = next(c.schema for c in load_contracts() if c.full_name == DEAD_LETTER_QUARANTINED)
+    value = {"eventId": str(uuid.uuid4()), **quarantine_fact(letter, uuid.uuid4(), datetime.now(UTC)).to_value()}
+    schema = next(c.schema for c in load_contracts() if c.full_name == DeadLetterQuarantined.TYPE)
     assert RecordValidator(parse_schema(schema)).problems(value) == []
     assert value["originalEventId"] is None  # a non-UUID id cannot be carried in a uuid field
 

@@ -11,7 +11,11 @@ import fastavro
 import pytest
 
 from flotilla.contracts import load_contracts
+from flotilla.envelope import Envelope
+from flotilla.escalation import escalation
 from flotilla.handling import BusinessRuleViolation
+from flotilla.records import CommandFailed
+from flotilla.typedrecord import Record
 from flotilla.validation import RecordValidator
 from services.executor import commands, compensation, leases, outcomes
 from services.executor.commands import Step
@@ -235,8 +239,8 @@ def test_a_replayed_undo_counts_as_undone() -> None:
 # -------------------------------------------------------------------- outcomes
 
 
-def valid(full_name: str, value: dict[str, Any]) -> None:
-    problems = VALIDATORS[full_name].problems({"eventId": str(uuid.uuid4()), **value})
+def valid(record: Record) -> None:
+    problems = VALIDATORS[record.TYPE].problems({"eventId": str(uuid.uuid4()), **record.to_value()})
     assert problems == []
 
 
@@ -248,29 +252,31 @@ def test_recovery_executed_says_what_was_done_and_fits_its_contract() -> None:
         after={"replicas": 12, "p95Ms": 410.0},
         duration_ms=203,
     )
-    value = outcomes.recovery_executed(applied, NOW)
-    valid(outcomes.RECOVERY_EXECUTED, value)
-    assert value["outcome"] == "checkout-api scaled from 4 to 12 replicas (p95 1800.0 ms → 410.0 ms)"
-    assert (value["fencingEpoch"], value["actionDurationMs"], value["compensates"]) == (7, 203, None)
+    executed = outcomes.recovery_executed(applied, NOW)
+    valid(executed)
+    assert executed.outcome == "checkout-api scaled from 4 to 12 replicas (p95 1800.0 ms → 410.0 ms)"
+    assert (executed.fencing_epoch, executed.action_duration_ms, executed.compensates) == (7, 203, None)
 
 
 def test_a_compensation_is_reported_as_such() -> None:
     original = step()
     undo = commands.compensation(original, "scale", {"replicas": 4})
-    value = outcomes.recovery_executed(Applied(undo, 9, {"replicas": 12}, {"replicas": 4}, 180, reconciled=True), NOW)
-    valid(outcomes.RECOVERY_EXECUTED, value)
-    assert value["compensates"] == original.command_id
-    assert value["commandType"] == commands.SCALE
-    assert value["outcome"].startswith("Compensation of incident-204:scale:12: checkout-api scaled from 12 to 4")
-    assert value["outcome"].endswith("found applied at the target and recorded late")
+    executed = outcomes.recovery_executed(
+        Applied(undo, 9, {"replicas": 12}, {"replicas": 4}, 180, reconciled=True), NOW
+    )
+    valid(executed)
+    assert executed.compensates == original.command_id
+    assert executed.command_type == commands.SCALE
+    assert executed.outcome.startswith("Compensation of incident-204:scale:12: checkout-api scaled from 12 to 4")
+    assert executed.outcome.endswith("found applied at the target and recorded late")
 
 
 @pytest.mark.parametrize("epoch", [None, 4])
 def test_command_failed_fits_its_contract(epoch: int | None) -> None:
     failed = Failed(step(), "StaleFencingToken", "token 4 < 5", retryable=False, epoch=epoch, attempt=2)
-    value = outcomes.command_failed(failed, NOW)
-    valid(outcomes.COMMAND_FAILED, value)
-    assert (value["errorClass"], value["retryable"], value["attempt"], value["fencingEpoch"]) == (
+    record = outcomes.command_failed(failed, NOW)
+    valid(record)
+    assert (record.error_class, record.retryable, record.attempt, record.fencing_epoch) == (
         "StaleFencingToken",
         False,
         2,
@@ -280,19 +286,18 @@ def test_command_failed_fits_its_contract(epoch: int | None) -> None:
 
 def test_compensation_completed_and_escalation_fit_their_contracts() -> None:
     ids = [str(uuid.uuid4()), str(uuid.uuid4())]
-    cause = str(uuid.uuid4())
-    value = outcomes.compensation_completed("incident-204", str(uuid.uuid4()), ids, cause, "undid", NOW)
-    valid(outcomes.COMPENSATION_COMPLETED, value)
-    assert value["compensatedCommandIds"] == ids
-    valid(
-        outcomes.INCIDENT_ESCALATED,
-        outcomes.incident_escalated("incident-204", "undo failed", cause, outcomes.COMMAND_FAILED, "on-call", NOW),
-    )
+    cause = Envelope(type=CommandFailed.TYPE, source="/flotilla/executor", correlationid="incident-204")
+    completed = outcomes.compensation_completed("incident-204", str(uuid.uuid4()), ids, cause.id, "undid", NOW)
+    valid(completed)
+    assert list(completed.compensated_command_ids) == ids
+    escalated = escalation("incident-204", "undo failed", cause=cause, at=NOW)
+    valid(escalated)
+    assert (escalated.cause_event_id, escalated.cause_type, escalated.escalated_to) == (cause.id, cause.type, "on-call")
 
 
 def test_timestamps_are_cut_to_milliseconds() -> None:
-    value = outcomes.command_failed(Failed(step(), "X", "y", False), NOW.replace(microsecond=123456))
-    assert value["failedAt"].microsecond == 123000
+    record = outcomes.command_failed(Failed(step(), "X", "y", False), NOW.replace(microsecond=123456))
+    assert record.to_value()["failedAt"].microsecond == 123000
 
 
 @pytest.mark.parametrize(
