@@ -19,16 +19,19 @@ from flotilla.bootstrap import bootstrap_outbox, ensure_database
 from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register_all, subject_for
 from flotilla.deadletter import DeadLetter, Reason, dlq_topic
+from flotilla.deferred import MIGRATION as DEFERRED_WORK_MIGRATION
 from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.digest import command_digest
-from flotilla.envelope import Envelope
-from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming
+from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
+from flotilla.escalations import ON_CALL, escalation
+from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused, Report
 from flotilla.outbox import Outbox
-from flotilla.rawloop import RawLoop
-from flotilla.runner import ServiceContext, ServiceSpec, run_service, start
+from flotilla.rawloop import AfterCommit, RawLoop
+from flotilla.runner import Periodic, ServiceContext, ServiceSpec, run_app, run_service, start
 from flotilla.serde import (
     AvroSerde,
     RecordValidationError,
+    RegistryUnavailableError,
     SchemaNotRegisteredError,
     SerdeError,
     UndecodableRecordError,
@@ -36,7 +39,8 @@ from flotilla.serde import (
     registry_client,
 )
 from flotilla.service import ServiceSettings, create_app, open_pool
-from flotilla.settings import StackSettings, load_settings
+from flotilla.settings import KafkaTarget, StackSettings, default_env_file, kafka_connection, load_settings
+from flotilla.typedrecord import Record
 from flotilla.workflow import (
     BudgetKind,
     Budgets,
@@ -49,6 +53,10 @@ from flotilla.workflow import (
 )
 
 __all__ = [
+    "DEFAULT_HOPS",
+    "DEFERRED_WORK_MIGRATION",
+    "ON_CALL",
+    "AfterCommit",
     "AvroSerde",
     "BudgetKind",
     "Budgets",
@@ -63,11 +71,17 @@ __all__ = [
     "IncidentState",
     "Incoming",
     "IncompatibleSchemaError",
+    "KafkaTarget",
     "LoopConfig",
     "Outbox",
+    "Periodic",
     "RawLoop",
     "Reason",
+    "Record",
+    "RecordRefused",
     "RecordValidationError",
+    "RegistryUnavailableError",
+    "Report",
     "SchemaNotRegisteredError",
     "SerdeError",
     "ServiceContext",
@@ -83,17 +97,23 @@ __all__ = [
     "WorkflowStore",
     "accepts",
     "bootstrap_outbox",
+    "child_traceparent",
     "command_digest",
     "create_app",
+    "default_env_file",
     "defer",
     "dlq_topic",
     "ensure_database",
+    "escalation",
+    "kafka_connection",
     "load_contracts",
     "load_settings",
     "migrate",
+    "new_traceparent",
     "open_pool",
     "register_all",
     "registry_client",
+    "run_app",
     "run_service",
     "start",
     "subject_for",

@@ -42,7 +42,7 @@ from psycopg_pool import ConnectionPool
 from flotilla import dedupe, metrics, tracing
 from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
-from flotilla.escalation import escalation
+from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused
 from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
 from flotilla.records import BudgetExceeded, IncidentEscalated, LoopTerminated

@@ -191,6 +191,27 @@ def run_service(build_spec: Callable[[S], ServiceSpec], settings_class: type[S])
     start(build_spec(settings), settings)
 
 
+def run_app(
+    build_app: Callable[[S], FastAPI],
+    settings_class: type[S],
+    *,
+    address: Callable[[S], tuple[str, int]] = lambda s: (s.http_host, s.http_port),
+    access_log: bool = True,
+) -> None:
+    """The whole ``__main__`` of a service that only serves HTTP (the sim, the console):
+    its settings, its app built from them, served by uvicorn until SIGTERM (uvicorn stops
+    gracefully and re-raises the signal, so the process ends "killed by SIGTERM")."""
+    import uvicorn
+
+    settings = settings_class.load()
+    logging.basicConfig(
+        level=settings.log_level, format=f"%(asctime)s %(levelname)s {settings.service_name} %(name)s %(message)s"
+    )
+    app = build_app(settings)
+    host, port = address(settings)
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(), access_log=access_log)
+
+
 def _wait_for_signal(ctx: ServiceContext) -> None:
     import signal
 

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from flotilla.service import ServiceSettings
+from flotilla import ServiceSettings
 
 Strategy = Literal["scale", "failover", "failover-then-scale"]
 

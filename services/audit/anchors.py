@@ -22,10 +22,8 @@ from datetime import datetime
 
 from confluent_kafka import Consumer, TopicPartition
 
+from flotilla import AvroSerde, KafkaTarget, SerdeError, ServiceContext, kafka_connection
 from flotilla.records import ChainAnchored
-from flotilla.runner import ServiceContext
-from flotilla.serde import AvroSerde, SerdeError
-from flotilla.settings import KafkaTarget, kafka_connection
 from services.audit.chain import Anchor, Signer, anchor
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from fastapi import FastAPI, HTTPException, Query
 from prometheus_client import Gauge
 from psycopg.rows import dict_row
 
+from flotilla import ServiceContext
 from flotilla.keys import Keyring
-from flotilla.runner import ServiceContext
 from services.audit.anchors import AnchorsUnavailable
 from services.audit.chain import Anchor, ChainVerifier, Entry, Sealed, Signer, check_anchors
 from services.audit.sharedrun import Busy, SharedRun

@@ -23,10 +23,8 @@ import psycopg
 from confluent_kafka import Message
 from prometheus_client import Counter
 
-from flotilla.rawloop import AfterCommit
+from flotilla import AfterCommit, AvroSerde, RegistryUnavailableError, Status
 from flotilla.rawrecords import first_header, headers_of, jsonable
-from flotilla.serde import AvroSerde, RegistryUnavailableError
-from flotilla.workflow import Status
 from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
 from services.audit.timeline import event_time, next_status
 

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from flotilla.rawloop import RawLoop
-from flotilla.runner import ServiceContext, ServiceSpec
+from flotilla import RawLoop, ServiceContext, ServiceSpec
 from services.audit.anchors import ANCHOR_MIGRATION, publisher, read_anchors
 from services.audit.api import make_routes
 from services.audit.chain import Anchor, Signer

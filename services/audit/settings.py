@@ -7,11 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import ServiceSettings, default_env_file
 from flotilla.authority import required_keyring
 from flotilla.fleet import AUDIT
 from flotilla.keys import Keyring, load_private_key
-from flotilla.service import ServiceSettings
-from flotilla.settings import default_env_file
 from services.audit.chain import Signer
 
 ALL_TOPICS = ("incidents", "commands", "incidents.dlq", "commands.dlq")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from flotilla.workflow import IncidentState, Status, accepts, transition
+from flotilla import IncidentState, Status, accepts, transition
 
 
 def is_dead_letter_topic(topic: str) -> bool:

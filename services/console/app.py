@@ -29,7 +29,7 @@ from fastapi.templating import Jinja2Templates
 from flotilla_ops.fleetapi import FleetApi, FleetApiError
 from prometheus_client import Counter
 
-from flotilla.service import create_app
+from flotilla import create_app
 from services.console import views
 from services.console.session import COOKIE_NAME, Session, SessionStore
 from services.console.settings import ConsoleSettings
@@ -68,6 +68,12 @@ def _local_path(target: str | None, default: str = "/approvals") -> str:
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return default
     return target
+
+
+def build_app(settings: ConsoleSettings) -> FastAPI:
+    """The console ``python -m services.console`` serves."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per service call is noise
+    return create_console_app(settings)
 
 
 def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | None = None) -> FastAPI:

@@ -16,8 +16,8 @@ from flotilla_ops.fleetapi import FleetEndpoints
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import ServiceSettings
 from flotilla.fleet import AUDIT, CONSOLE, DLQ_RECONCILER, EXECUTOR, POLICY, SIM, url
-from flotilla.service import ServiceSettings
 
 
 class ConsoleSettings(ServiceSettings):

@@ -1,6 +1,6 @@
 """python -m services.diagnostic_agent: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from flotilla.runner import run_service
+from flotilla import run_service
 from services.diagnostic_agent.service import build_spec
 from services.diagnostic_agent.settings import DiagnosticSettings
 

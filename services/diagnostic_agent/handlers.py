@@ -24,14 +24,21 @@ from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.model import Topology, Verdict
 from flotilla_reasoning.records import diagnosis_record
 
-from flotilla.deferred import Finish, Work, Worker, defer
-from flotilla.envelope import Envelope
-from flotilla.escalation import escalation
-from flotilla.handling import Handler, HandlerContext
+from flotilla import (
+    Envelope,
+    Finish,
+    Handler,
+    HandlerContext,
+    Record,
+    ServiceContext,
+    Status,
+    Work,
+    Worker,
+    WorkflowStore,
+    defer,
+    escalation,
+)
 from flotilla.records import DiagnosisRequested, DiagnosticJobStarted
-from flotilla.runner import ServiceContext
-from flotilla.typedrecord import Record
-from flotilla.workflow import Status, WorkflowStore
 from services.diagnostic_agent import baselines, jobs
 from services.diagnostic_agent.settings import DiagnosticSettings
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from flotilla.envelope import Envelope
+from flotilla import Envelope
 from flotilla.records import DiagnosticJobStarted
 
 _COLUMNS = (

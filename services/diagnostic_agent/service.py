@@ -6,12 +6,11 @@ from pathlib import Path
 
 from flotilla_reasoning import Reasoner, SimClient, failures, make_reasoner
 
-from flotilla import deferred, fleet
-from flotilla.runner import Periodic, ServiceContext, ServiceSpec
+from flotilla import DEFERRED_WORK_MIGRATION, Periodic, ServiceContext, ServiceSpec, fleet
 from services.diagnostic_agent.handlers import DiagnosticAgent
 from services.diagnostic_agent.settings import DiagnosticSettings
 
-MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, DEFERRED_WORK_MIGRATION)
 
 
 def build_agent(

@@ -8,8 +8,7 @@ from flotilla_reasoning.settings import AgentSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from flotilla import fleet
-from flotilla.workflow import Budgets
+from flotilla import Budgets, fleet
 
 
 class DiagnosticSettings(AgentSettings):

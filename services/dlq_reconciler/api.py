@@ -34,19 +34,21 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from flotilla import commands, metrics
-from flotilla.authority import Unauthorized, verify_command
-from flotilla.keys import Keyring
-from flotilla.rawrecords import b64, from_jsonable, jsonable
-from flotilla.runner import ServiceContext
-from flotilla.serde import (
+from flotilla import (
     AvroSerde,
+    KafkaTarget,
     RecordValidationError,
     RegistryUnavailableError,
     SchemaNotRegisteredError,
+    ServiceContext,
     UndecodableRecordError,
+    commands,
+    kafka_connection,
+    metrics,
 )
-from flotilla.settings import KafkaTarget, kafka_connection
+from flotilla.authority import Unauthorized, verify_command
+from flotilla.keys import Keyring
+from flotilla.rawrecords import b64, from_jsonable, jsonable
 from services.dlq_reconciler.quarantine import (
     DeadLetter,
     RequeueRefused,

@@ -18,8 +18,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from flotilla import deadletter
-from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
+from flotilla import DEFAULT_HOPS, Envelope, child_traceparent, deadletter, new_traceparent
 from flotilla.rawrecords import clean_text, first_header, headers_of, is_uuid
 from flotilla.records import DeadLetterQuarantined
 

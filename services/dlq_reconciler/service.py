@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from flotilla.rawloop import RawLoop
-from flotilla.runner import ServiceContext, ServiceSpec
+from flotilla import RawLoop, ServiceContext, ServiceSpec
 from services.dlq_reconciler.api import make_routes
 from services.dlq_reconciler.settings import DlqSettings
 from services.dlq_reconciler.store import Reconciler

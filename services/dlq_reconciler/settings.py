@@ -9,8 +9,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from flotilla import ServiceSettings
 from flotilla.fleet import DLQ_RECONCILER
-from flotilla.service import ServiceSettings
 from services.dlq_reconciler.auth import OperatorTokens
 
 # The demo's operator token. Its digest stands in for an unset FLOTILLA_OPERATOR_TOKENS in

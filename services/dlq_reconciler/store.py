@@ -19,18 +19,18 @@ from confluent_kafka import Message
 from prometheus_client import Counter
 from psycopg.types.json import Jsonb
 
-from flotilla import metrics
-from flotilla.handling import BusinessRuleViolation
-from flotilla.rawloop import AfterCommit
-from flotilla.rawrecords import b64
-from flotilla.records import DeadLetterQuarantined
-from flotilla.runner import ServiceContext
-from flotilla.serde import (
+from flotilla import (
+    AfterCommit,
+    BusinessRuleViolation,
     RecordValidationError,
     SchemaNotRegisteredError,
+    ServiceContext,
     UndecodableRecordError,
     UnknownSchemaIdError,
+    metrics,
 )
+from flotilla.rawrecords import b64
+from flotilla.records import DeadLetterQuarantined
 from services.dlq_reconciler.quarantine import (
     DeadLetter,
     fact_envelope,

@@ -1,6 +1,6 @@
 """python -m services.executor: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from flotilla.runner import run_service
+from flotilla import run_service
 from services.executor.service import build_spec
 from services.executor.settings import ExecutorSettings
 

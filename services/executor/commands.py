@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flotilla.handling import BusinessRuleViolation
+from flotilla import BusinessRuleViolation
 
 _NS = "dev.flotilla.commands."
 SCALE = _NS + "ScaleService"

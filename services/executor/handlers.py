@@ -24,11 +24,9 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter
 
+from flotilla import Envelope, Handler, HandlerContext, RecordRefused, Report, escalation
 from flotilla.authority import Authorized, Unauthorized, verify_command
 from flotilla.deadletter import Reason
-from flotilla.envelope import Envelope
-from flotilla.escalation import escalation
-from flotilla.handling import Handler, HandlerContext, RecordRefused, Report
 from flotilla.keys import Keyring
 from flotilla.records import RecoveryCompleted, RecoveryFailed
 from services.executor import commands, compensation, execution, idempotency, outcomes, saga

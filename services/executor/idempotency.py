@@ -31,7 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from flotilla.handling import BusinessRuleViolation
+from flotilla import BusinessRuleViolation
 from services.executor.commands import Step
 from services.executor.leases import Lease, fenced_out
 

@@ -10,9 +10,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from psycopg.rows import dict_row
 
+from flotilla import Handler, ServiceContext, ServiceSpec
 from flotilla.fleet import EXECUTOR
-from flotilla.handling import Handler
-from flotilla.runner import ServiceContext, ServiceSpec
 from services.executor.execution import Executor
 from services.executor.handlers import ExecutorHandlers
 from services.executor.settings import ExecutorSettings

@@ -10,10 +10,10 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import ServiceSettings
 from flotilla.authority import required_keyring
 from flotilla.fleet import EXECUTOR
 from flotilla.keys import Keyring
-from flotilla.service import ServiceSettings
 from services.executor.execution import ExecutorConfig
 from services.executor.namespaces import EnvironmentNamespaces
 from services.executor.targets import ActionTarget, KubernetesTarget, SimTarget

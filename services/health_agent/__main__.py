@@ -1,6 +1,6 @@
 """python -m services.health_agent: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from flotilla.runner import run_service
+from flotilla import run_service
 from services.health_agent.service import build_spec
 from services.health_agent.settings import HealthSettings
 

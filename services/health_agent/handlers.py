@@ -16,9 +16,8 @@ from datetime import UTC, datetime
 
 from psycopg.types.json import Jsonb
 
-from flotilla.handling import Handler, HandlerContext
+from flotilla import Handler, HandlerContext, ServiceContext
 from flotilla.records import RecoveryExecuted, RecoveryProposed
-from flotilla.runner import ServiceContext
 
 log = logging.getLogger(__name__)
 

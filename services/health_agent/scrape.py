@@ -34,11 +34,8 @@ import psycopg
 from prometheus_client import Counter
 from psycopg.rows import dict_row
 
-from flotilla.envelope import Envelope
-from flotilla.escalation import escalation
+from flotilla import Envelope, Record, ServiceContext, escalation
 from flotilla.records import DiagnosisRequested, RecoveryCompleted, RecoveryFailed, ServiceLatencyIncreased
-from flotilla.runner import ServiceContext
-from flotilla.typedrecord import Record
 from services.health_agent.detector import Change, DetectorState, Hysteresis, Phase, is_breaching, observe
 from services.health_agent.metrics_source import Sample, ScrapeError, SimMetrics
 from services.health_agent.settings import HealthSettings

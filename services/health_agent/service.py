@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla.runner import ServiceSpec
+from flotilla import ServiceSpec
 from services.health_agent.handlers import make_handlers
 from services.health_agent.metrics_source import SimMetrics
 from services.health_agent.scrape import Scraper

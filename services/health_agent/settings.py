@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import ServiceSettings
 from flotilla.fleet import HEALTH, SIM, url
-from flotilla.service import ServiceSettings
 
 
 class HealthSettings(ServiceSettings):

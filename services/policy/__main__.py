@@ -1,6 +1,6 @@
 """python -m services.policy: the member as the fleet runs it (flotilla.runner.run_service)."""
 
-from flotilla.runner import run_service
+from flotilla import run_service
 from services.policy.service import build_spec
 from services.policy.settings import PolicySettings
 

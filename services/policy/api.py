@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from flotilla.runner import ServiceContext
+from flotilla import ServiceContext
 from services.policy import store
 from services.policy.approvals import decide_by_person
 from services.policy.auth import Person

@@ -21,13 +21,9 @@ from typing import Any
 import psycopg
 from prometheus_client import Counter, Gauge
 
+from flotilla import Envelope, Record, ServiceContext, WorkflowStore, escalation
 from flotilla.authority import Grant
-from flotilla.envelope import Envelope
-from flotilla.escalation import escalation
 from flotilla.records import ApprovalExpired, RecoveryApproved, RecoveryRejected
-from flotilla.runner import ServiceContext
-from flotilla.typedrecord import Record
-from flotilla.workflow import WorkflowStore
 from services.policy import records, store
 from services.policy.auth import Person
 from services.policy.commands import epoch_ms

@@ -18,12 +18,10 @@ from datetime import datetime, timedelta
 
 from prometheus_client import Counter
 
+from flotilla import BusinessRuleViolation, Envelope, Handler, HandlerContext, RecordRefused, ServiceContext
 from flotilla.authority import Grant, Unauthorized, verify_proposal
 from flotilla.deadletter import Reason
-from flotilla.envelope import Envelope
-from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, RecordRefused
 from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryApproved, RecoveryProposed
-from flotilla.runner import ServiceContext
 from services.policy import records, store
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
 from services.policy.decide import Decision, Outcome, dry_run_reasons

@@ -14,11 +14,10 @@ from typing import Any
 
 import psycopg
 
+from flotilla import Envelope, Outbox
 from flotilla.authority import Grant, Signer, authorize_command
 from flotilla.commands import COMMANDS_TOPIC, resource_key
 from flotilla.commands import record_type as command_type
-from flotilla.envelope import Envelope
-from flotilla.outbox import Outbox
 from services.policy.commands import command_kind
 
 

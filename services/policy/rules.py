@@ -14,7 +14,7 @@ import hmac
 from dataclasses import dataclass
 from datetime import datetime
 
-from flotilla.workflow import Status as IncidentStatus
+from flotilla import Status as IncidentStatus
 from services.policy.auth import Person
 from services.policy.decide import PersonCheck, PolicyEngine, Target
 

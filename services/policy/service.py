@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from flotilla import ServiceContext, ServiceSpec
 from flotilla.fleet import POLICY
-from flotilla.runner import ServiceContext, ServiceSpec
 from services.policy import approvals, store
 from services.policy.api import install_routes
 from services.policy.handlers import make_handlers

@@ -8,10 +8,10 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import ServiceSettings
 from flotilla.authority import Signer, required_keyring, required_signer
 from flotilla.fleet import POLICY, SIM, url
 from flotilla.keys import Keyring
-from flotilla.service import ServiceSettings
 from services.policy.auth import DEMO_USERS, TokenStore, UsersConfigError
 
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from flotilla.envelope import Envelope
+from flotilla import Envelope
 from flotilla.records import HumanApprovalRequired
 from services.policy.commands import command_record
 from services.policy.decide import Decision, ProposalFacts, Target, distinct_targets

@@ -25,14 +25,10 @@ from flotilla_reasoning import Proposal, Reasoner, ReasoningFailed, SimClient
 from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.records import DIAGNOSES, read_diagnosis
 
+from flotilla import Finish, Handler, HandlerContext, ServiceContext, Work, Worker, accepts, defer, escalation
 from flotilla.authority import Signer, attest_proposal
-from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.digest import canonical_json
-from flotilla.escalation import escalation
-from flotilla.handling import Handler, HandlerContext
 from flotilla.records import IncidentEscalated, RecoveryProposed
-from flotilla.runner import ServiceContext
-from flotilla.workflow import accepts
 from services.remediation_agent.plan import InvalidPlan, proposal_value
 from services.remediation_agent.settings import RemediationSettings
 

@@ -6,12 +6,11 @@ from pathlib import Path
 
 from flotilla_reasoning import Reasoner, SimClient, failures, make_reasoner
 
-from flotilla import deferred, fleet
-from flotilla.runner import ServiceSpec
+from flotilla import DEFERRED_WORK_MIGRATION, ServiceSpec, fleet
 from services.remediation_agent.handlers import RemediationAgent
 from services.remediation_agent.settings import RemediationSettings
 
-MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, deferred.MIGRATION)
+MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, DEFERRED_WORK_MIGRATION)
 
 
 def build_agent(

@@ -21,6 +21,7 @@ two apps in one process (as in the tests) never share series.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Annotated, Any
 
@@ -35,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from services.sim.auth import ActionToken
 from services.sim.model import ACTIONS, InvalidAction, SimModel, UnknownResource
+from services.sim.settings import SimSettings
 from services.sim.state import KeyReused, SimState, StaleToken
 
 
@@ -105,6 +107,25 @@ class _SimCollector(Collector):
             for dep, ms in latency.dependencies_ms.items():
                 dependency.add_metric([name, dep], ms)
         return [p95, replicas, threshold, dependency, utilization]
+
+
+MISSING_TOKEN = (
+    "sim: FLOTILLA_SIM_ACTION_TOKEN is not set; the sim does not serve actions without the token the executor "
+    "presents (the executor's setting of the same name). The local fleet generates one "
+    "(.stack/secrets/sim-action-token); docker compose and Kubernetes take it from .env or a Secret."
+)
+
+
+def build_app(settings: SimSettings) -> FastAPI:
+    """The sim ``python -m services.sim`` serves. Without ``FLOTILLA_SIM_ACTION_TOKEN`` it
+    refuses to start (exit status 1): a sim the executor cannot act on is a
+    misconfiguration, better reported when it is deployed than as a failed command during
+    the first incident."""
+    if settings.sim_action_token is None:
+        sys.exit(MISSING_TOKEN)
+    return create_sim_app(
+        action_token=settings.sim_action_token.get_secret_value(), action_seconds=settings.sim_action_seconds
+    )
 
 
 def create_sim_app(model: SimModel | None = None, *, action_token: str, action_seconds: float = 0.2) -> FastAPI:

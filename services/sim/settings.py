@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from flotilla import ServiceSettings
 from flotilla.fleet import SIM
-from flotilla.service import ServiceSettings
 from services.sim.auth import check_action_token
 
 

@@ -1,5 +1,7 @@
-"""Every member with a consumer loop is declared one way: ``service.build_spec(settings)``
-returns its ServiceSpec, and ``__main__`` is ``run_service(build_spec, <Settings>)``."""
+"""Every member is declared one way. One with a consumer loop: ``service.build_spec(settings)``
+returns its ServiceSpec, and ``__main__`` is ``run_service(build_spec, <Settings>)``. One
+that only serves HTTP (the sim, the console): ``app.build_app(settings)`` and
+``run_app(build_app, <Settings>)``."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flotilla.fleet import AGENTS, Member
-from flotilla.service import ServiceSettings
+from flotilla import ServiceSettings
+from flotilla.fleet import AGENTS, CONSOLE, SIM, Member
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,3 +47,16 @@ def test_build_spec_takes_the_settings_and_returns_a_spec(member: Member) -> Non
     first = next(iter(inspect.signature(build_spec).parameters.values()))
     assert first.name == "settings"
     assert "ServiceSpec" in str(inspect.signature(build_spec).return_annotation)
+
+
+@pytest.mark.parametrize("member", [SIM, CONSOLE], ids=lambda m: m.name)
+def test_an_http_only_member_runs_its_build_app_the_one_way_too(member: Member) -> None:
+    call = _main_call(member)
+    assert isinstance(call.func, ast.Name) and call.func.id == "run_app"
+    app_arg, settings_arg = call.args
+    assert isinstance(app_arg, ast.Name) and app_arg.id == "build_app"
+    assert isinstance(settings_arg, ast.Name)
+    settings_class = getattr(importlib.import_module(f"{member.module}.settings"), settings_arg.id)
+    assert issubclass(settings_class, ServiceSettings)
+    build_app = importlib.import_module(f"{member.module}.app").build_app
+    assert list(inspect.signature(build_app).parameters) == ["settings"]

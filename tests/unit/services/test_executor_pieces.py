@@ -12,7 +12,7 @@ import pytest
 
 from flotilla.contracts import load_contracts
 from flotilla.envelope import Envelope
-from flotilla.escalation import escalation
+from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation
 from flotilla.records import CommandFailed
 from flotilla.typedrecord import Record

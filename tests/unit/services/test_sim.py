@@ -733,20 +733,25 @@ def test_the_sim_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatc
     import uvicorn
     from pydantic import ValidationError
 
-    from services.sim import __main__ as entry
+    from flotilla import run_app
+    from services.sim.app import build_app
+    from services.sim.settings import SimSettings
+
+    def main() -> None:  # what python -m services.sim runs
+        run_app(build_app, SimSettings, address=lambda s: (s.sim_host, s.sim_port), access_log=False)
 
     served: list[Any] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
     with pytest.raises(SystemExit) as refused:
-        entry.main()
+        main()
     assert "FLOTILLA_SIM_ACTION_TOKEN is not set" in str(refused.value.code)
     monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "too-short")
     with pytest.raises(ValidationError, match="at least 16"):
-        entry.main()
+        main()
     assert served == []
 
     monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", ACTION_TOKEN)
-    entry.main()
+    main()
     (app,) = served
     assert TestClient(app).post("/actions/scale", json=_action()).status_code == 401
     assert TestClient(app, headers=EXECUTOR).post("/actions/scale", json=_action()).status_code == 200
