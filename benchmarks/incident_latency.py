@@ -29,7 +29,8 @@ from confluent_kafka.cimpl import NewTopic
 
 from flotilla.envelope import Envelope
 from flotilla.fleet import HEALTH, SIM, url
-from flotilla.serde import AvroSerde, SerdeError, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import tail_consumer
 from services.health_agent.scrape import settled

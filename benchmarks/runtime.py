@@ -23,6 +23,7 @@ import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from psycopg_pool import ConnectionPool
 
 from flotilla import dedupe
@@ -31,9 +32,9 @@ from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, load_contracts, register, register_all
 from flotilla.handling import HandlerContext
 from flotilla.records import DiagnosisRequested
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, load_settings
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 DB = "flotilla_bench_runtime"
 # The handler's records go to a topic of their own: on `incidents` every service of a

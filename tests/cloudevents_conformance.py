@@ -34,7 +34,7 @@ CAUSATION = "causationid"
 
 
 class Record(Protocol):
-    """What is read of a polled record (a confluent_kafka Message, or flotilla.testing's FakeMessage)."""
+    """What is read of a polled record (a confluent_kafka Message, or tests.support's FakeMessage)."""
 
     def headers(self) -> Any: ...
     def key(self) -> bytes | None: ...

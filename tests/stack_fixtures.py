@@ -23,7 +23,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from flotilla import stackcheck
 from flotilla.contracts import register_all
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, default_env_file, load_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ def _local_env_file() -> Path:
 def stack() -> Iterator[StackSettings]:
     choice = os.environ.get("FLOTILLA_TEST_STACK", "auto")
     if choice == "testcontainers":
-        from flotilla.testing.containers import ComposeStack, docker_available
+        from tests.support.containers import ComposeStack, docker_available
 
         if not docker_available():
             pytest.fail("FLOTILLA_TEST_STACK=testcontainers but no Docker engine answers")

@@ -21,7 +21,8 @@ from typing import Any
 
 from flotilla.envelope import Envelope
 from flotilla.fleet import AUDIT, POLICY, SIM, url
-from flotilla.serde import AvroSerde, SerdeError, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import load_settings
 from flotilla.tailing import tail_consumer
 

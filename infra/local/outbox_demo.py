@@ -16,14 +16,15 @@ import time
 
 import psycopg
 from confluent_kafka import Consumer
+from flotilla_ops.samples import latency_fact
 
 from flotilla.bootstrap import bootstrap_outbox
 from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import load_settings
 from flotilla.tailing import header, tail_consumer
-from flotilla.testing.samples import latency_fact
 
 DB = "flotilla_demo"
 SERVICES = ["checkout-api", "payments-api", "inventory-db", "search-api", "checkout-api"]

@@ -27,6 +27,7 @@ from flotilla.escalations import ON_CALL, escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused, Report
 from flotilla.outbox import Outbox
 from flotilla.rawloop import AfterCommit, RawLoop
+from flotilla.registry import registry_client
 from flotilla.runner import Periodic, ServiceContext, ServiceSpec, run_app, run_service, start
 from flotilla.serde import (
     AvroSerde,
@@ -36,10 +37,16 @@ from flotilla.serde import (
     SerdeError,
     UndecodableRecordError,
     UnknownSchemaIdError,
-    registry_client,
 )
 from flotilla.service import ServiceSettings, create_app, open_pool
-from flotilla.settings import KafkaTarget, StackSettings, default_env_file, kafka_connection, load_settings
+from flotilla.settings import (
+    KafkaTarget,
+    StackSettings,
+    default_env_file,
+    kafka_connection,
+    load_settings,
+    project_path,
+)
 from flotilla.typedrecord import Record
 from flotilla.workflow import (
     BudgetKind,
@@ -111,6 +118,7 @@ __all__ = [
     "migrate",
     "new_traceparent",
     "open_pool",
+    "project_path",
     "register_all",
     "registry_client",
     "run_app",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +29,17 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro import parse_schema
 from fastavro.schema import SchemaParseException
 
+from flotilla.registry import registry_client
+from flotilla.settings import load_settings, project_path
+
 # Avro's primitive type names: every other string in a type position names a named type.
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _NAMED = frozenset({"record", "error", "enum", "fixed"})
 
 
 def schemas_dir() -> Path:
-    """``$FLOTILLA_SCHEMAS_DIR``, else the repository's ``schemas/``."""
-    explicit = os.environ.get("FLOTILLA_SCHEMAS_DIR")
-    return Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "schemas"
+    """``$FLOTILLA_SCHEMAS_DIR``, else the checkout's ``schemas/`` (``project_path``)."""
+    return project_path("FLOTILLA_SCHEMAS_DIR", "schemas")
 
 
 @dataclass(frozen=True)
@@ -286,9 +287,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``--check`` only asks the registry whether each contract would be accepted (a CI
     gate for schema changes) and registers nothing.
     """
-    from flotilla.serde import registry_client
-    from flotilla.settings import load_settings
-
     parser = argparse.ArgumentParser(prog="python -m flotilla.contracts", description=main.__doc__)
     parser.add_argument("--check", action="store_true", help="check compatibility only; register nothing")
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from flotilla import bootstrap, contracts
-from flotilla.serde import registry_client
+from flotilla.registry import registry_client
 from flotilla.settings import StackSettings, load_settings
 
 log = logging.getLogger("flotilla.prepare")

@@ -29,7 +29,8 @@ from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler
 from flotilla.outbox import Outbox, allow_topics
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.service import ServiceSettings, create_app, database_ready, open_pool, serve_http
 from flotilla.typedrecord import Record
 

@@ -272,8 +272,3 @@ def _record_reader(schema_id: int, schema_type: str | None, schema_str: str | No
         ) from exc
     full = name if "." in name or not namespace else f"{namespace}.{name}"
     return parsed, full
-
-
-def registry_client(url: str) -> SchemaRegistryClient:
-    """A registry client for the Confluent-compatible API at ``url``."""
-    return SchemaRegistryClient({"url": url})

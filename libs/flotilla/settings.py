@@ -34,6 +34,22 @@ def kafka_connection(target: KafkaTarget) -> dict[str, Any]:
     return {"bootstrap.servers": target} if isinstance(target, str) else dict(target)
 
 
+def project_path(env_var: str, relative: str) -> Path:
+    """A folder the project ships next to the code (``schemas/``, ``infra/policies/``):
+    ``$<env_var>`` when set (the image sets it), else ``relative`` in the nearest folder
+    at or above the working directory that holds it (a checkout). Found by where you
+    run, never by where this file is installed; FileNotFoundError names the variable."""
+    explicit = os.environ.get(env_var)
+    if explicit:
+        return Path(explicit)
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / relative
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"no {relative}/ at or above {here}; set {env_var} to where it is")
+
+
 def default_env_file() -> Path:
     """``$FLOTILLA_ENV_FILE``, else the nearest ``.stack/stack.env`` at or above the cwd."""
     explicit = os.environ.get("FLOTILLA_ENV_FILE")

@@ -28,9 +28,10 @@ from typing import Any
 
 import cedarpy
 
+from flotilla import project_path
 from services.policy.commands import KIND_FIELDS
 
-POLICY_DIR = Path(__file__).resolve().parents[2] / "infra" / "policies"
+POLICY_DIR_VARIABLE = "FLOTILLA_POLICY_DIR"
 SCHEMA_FILE = "flotilla.cedarschema"
 
 NO_PERMIT = "no-permitting-policy"  # not a Cedar policy: the default deny, named
@@ -305,8 +306,10 @@ class PolicyEngine:
         self._forbids = frozenset(p.policy_id for p in self._by_cedar_id.values() if p.effect == "forbid")
 
     @classmethod
-    def from_directory(cls, directory: Path = POLICY_DIR) -> PolicyEngine:
-        """Every ``*.cedar`` file of ``directory`` (in name order) and its schema."""
+    def from_directory(cls, directory: Path | None = None) -> PolicyEngine:
+        """Every ``*.cedar`` file of ``directory`` (in name order) and its schema; by default
+        ``$FLOTILLA_POLICY_DIR``, else the checkout's ``infra/policies``."""
+        directory = directory or project_path(POLICY_DIR_VARIABLE, "infra/policies")
         files = sorted(directory.glob("*.cedar"))
         if not files:
             raise PolicyError(f"no *.cedar files in {directory}")

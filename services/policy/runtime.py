@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from flotilla.authority import Signer
 from flotilla.keys import Keyring
 from services.policy.auth import TokenStore
-from services.policy.decide import POLICY_DIR, PolicyEngine
+from services.policy.decide import PolicyEngine
 from services.policy.inventory import Inventory, NoInventory, SimInventory
 from services.policy.settings import PolicySettings
 
@@ -27,7 +27,7 @@ class PolicyRuntime:
 
     @classmethod
     def from_settings(cls, settings: PolicySettings) -> PolicyRuntime:
-        engine = PolicyEngine.from_directory(settings.policy_dir or POLICY_DIR)
+        engine = PolicyEngine.from_directory(settings.policy_dir)
         inventory: Inventory = (
             SimInventory(settings.sim_url, settings.inventory_timeout_seconds)
             if settings.policy_inventory == "sim"

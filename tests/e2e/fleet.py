@@ -23,7 +23,7 @@ from flotilla.keys import load_private_key
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
-from flotilla.testing.producing import ordered_producer
+from tests.support.producing import ordered_producer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLEETCTL = REPO_ROOT / "infra" / "local" / "fleetctl.py"

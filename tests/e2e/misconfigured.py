@@ -14,11 +14,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
+from flotilla_ops.samples import sample_value
+
 from flotilla.contracts import load_contracts
 from flotilla.handling import Handler, HandlerContext
+from flotilla.records import BY_TYPE
 from flotilla.runner import ServiceContext, ServiceSpec, start
 from flotilla.service import ServiceSettings
-from flotilla.testing.samples import sample_value
 
 BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
 INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
@@ -38,7 +40,7 @@ def spec(role: str) -> ServiceSpec:
             incident = h.incoming.envelope.correlationid
             value = sample_value(schema, incidentId=incident)
             value.pop("eventId", None)
-            h.emit("incidents", incident, answers, value)
+            h.emit(BY_TYPE[answers].from_value(value), key=incident)
 
         return {listens: answer}
 

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from flotilla import deadletter
 from flotilla.envelope import Envelope
 from flotilla.fleet import EXECUTOR
-from flotilla.testing.producing import ordered_producer
+from tests.support.producing import ordered_producer
 
 from .fleet import (
     PROPOSED,

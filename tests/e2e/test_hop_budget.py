@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from flotilla_ops.samples import sample_value
 
 from flotilla.bootstrap import drop_outbox
 from flotilla.contracts import load_contracts
 from flotilla.envelope import Envelope
-from flotilla.testing.samples import sample_value
 
 from . import misconfigured
 from .conftest import REPO_ROOT

@@ -16,14 +16,16 @@ import sys
 import time
 from typing import Any
 
+from flotilla_ops.samples import sample_value
 from psycopg_pool import ConnectionPool
 
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.contracts import load_contracts
 from flotilla.handling import BusinessRuleViolation, HandlerContext
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.records import BY_TYPE
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, load_settings
-from flotilla.testing.samples import sample_value
 from flotilla.workflow import Budgets
 
 LATENCY = "dev.flotilla.incidents.ServiceLatencyIncreased"
@@ -54,7 +56,7 @@ def make_handlers(handler_sleep: float = 0.0) -> dict[str, Any]:
         )
         request = sample_value(diagnosis_schema, incidentId=value["incidentId"])
         request.pop("eventId", None)
-        ctx.emit("incidents", value["incidentId"], DIAGNOSIS_REQUESTED, request)
+        ctx.emit(BY_TYPE[DIAGNOSIS_REQUESTED].from_value(request), key=value["incidentId"])
 
     return {LATENCY: on_latency}
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 from flotilla import deadletter
 from flotilla.bootstrap import ensure_database
@@ -27,9 +28,8 @@ from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
-from flotilla.testing.producing import ordered_producer
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from flotilla.workflow import Budgets
+from tests.support.producing import ordered_producer
 
 from .kafka_wait import wait_for
 from .loop_worker import DIAGNOSIS_REQUESTED, build_loop

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from flotilla_ops.samples import sample_value
 from psycopg_pool import ConnectionPool
 
 from flotilla.bootstrap import bootstrap_outbox, drop_outbox
@@ -25,10 +26,10 @@ from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, load_contracts, register
 from flotilla.envelope import Envelope
 from flotilla.handling import HandlerContext
+from flotilla.records import BY_TYPE
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.producing import ordered_producer
-from flotilla.testing.samples import sample_value
+from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -64,7 +65,7 @@ def ping_pong(stack: StackSettings, registry: SchemaRegistryClient) -> Iterator[
 def bouncer(target: str) -> Any:
     def bounce(ctx: HandlerContext) -> None:
         value = {k: v for k, v in ctx.incoming.value.items() if k != "eventId"}
-        ctx.emit(target, ctx.incoming.envelope.correlationid, REQUEST, value)
+        ctx.emit(BY_TYPE[REQUEST].from_value(value), key=ctx.incoming.envelope.correlationid, topic=target)
 
     return {REQUEST: bounce}
 

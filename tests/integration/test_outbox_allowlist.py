@@ -15,14 +15,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 from flotilla.bootstrap import drop_outbox
+from flotilla.contracts import load_contracts
 from flotilla.fleet import POLICY, REMEDIATION
 from flotilla.outbox import ALLOWLIST_CONSTRAINT, UndeclaredTopicError
+from flotilla.records import BY_TYPE
 from flotilla.runner import ServiceContext, ServiceSpec, prepare
 from flotilla.service import ServiceSettings
 from flotilla.settings import StackSettings
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
+from flotilla.typedrecord import Record
 
 SCALE = "dev.flotilla.commands.ScaleService"
 DB = f"flotilla_it_allow_{uuid.uuid4().hex[:6]}"
@@ -42,14 +45,13 @@ def agent(stack: StackSettings) -> Iterator[ServiceContext]:
 def emit_latency_fact(agent: ServiceContext, conn: psycopg.Connection[Any]) -> None:
     """A record of a topic the agent declares (incidents), in the caller's transaction."""
     value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
-    agent.emit(
-        conn,
-        topic="incidents",
-        key=env.correlationid,
-        record_type=SERVICE_LATENCY_INCREASED,
-        value={k: v for k, v in value.items() if k != "eventId"},
-        correlation=env.correlationid,
-    )
+    fact = BY_TYPE[SERVICE_LATENCY_INCREASED].from_value({k: v for k, v in value.items() if k != "eventId"})
+    agent.emit(conn, fact, key=env.correlationid, correlation=env.correlationid)
+
+
+def _a_command() -> Record:
+    schema = next(c.schema for c in load_contracts() if c.full_name == SCALE)
+    return BY_TYPE[SCALE].from_value(sample_value(schema))
 
 
 class _RolledBack(Exception):
@@ -74,7 +76,7 @@ def test_the_remediation_agent_declares_incidents_only_and_policy_also_commands(
 
 def test_an_emit_to_an_undeclared_topic_is_a_programming_error(agent: ServiceContext) -> None:
     with agent.pool.connection() as conn, pytest.raises(UndeclaredTopicError, match="not to 'commands'"):
-        agent.emit(conn, topic="commands", key="production/checkout-api", record_type=SCALE, value={}, correlation="x")
+        agent.emit(conn, _a_command(), key="production/checkout-api", correlation="x")
     with agent.pool.connection() as conn, conn.transaction():  # its own topic works
         emit_latency_fact(agent, conn)
 

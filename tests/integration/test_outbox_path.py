@@ -21,16 +21,17 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED as LATENCY
+from flotilla_ops.samples import latency_fact
 
 from flotilla import connectors
 from flotilla.bootstrap import bootstrap_outbox, drop_outbox
 from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register
 from flotilla.envelope import CONTENT_TYPE, Envelope
 from flotilla.outbox import Outbox
-from flotilla.serde import AvroSerde, RecordValidationError, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde, RecordValidationError
 from flotilla.settings import StackSettings
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED as LATENCY
-from flotilla.testing.samples import latency_fact
 
 from ..cloudevents_conformance import assert_conformant, null_valued_headers
 from ..poms import TRANSFORMS_POM, pom_text

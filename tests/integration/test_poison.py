@@ -18,19 +18,20 @@ import psycopg
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flotilla.bootstrap import ensure_database
 from flotilla.consumer import migrate
 from flotilla.envelope import Envelope
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.messages import FakeMessage
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from services.audit.chain import Signer
 from services.audit.recorder import Recorder
 from tests.integration.kafka_wait import fresh_topic
+from tests.support.messages import FakeMessage
 
 from .kafka_wait import header, wait_for
 from .loop_worker import build_loop

@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from flotilla.rawloop import RawLoop
 from flotilla.settings import StackSettings
-from flotilla.testing.producing import ordered_producer
+from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(120)
 

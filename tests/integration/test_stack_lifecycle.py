@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact
 
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
-from flotilla.testing.producing import ordered_producer
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
+from tests.support.producing import ordered_producer
 
 from .kafka_wait import by_event_id, wait_for
 

@@ -9,7 +9,7 @@ import pytest
 from cloudevents.core.exceptions import CloudEventValidationError
 
 from flotilla.envelope import CONTENT_TYPE, Envelope
-from flotilla.testing.messages import FakeMessage
+from tests.support.messages import FakeMessage
 
 from ..cloudevents_conformance import assert_conformant, decode, null_valued_headers, sdk_headers
 

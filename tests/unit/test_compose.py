@@ -27,7 +27,7 @@ import yaml
 
 from flotilla.connectors import connector_name, outbox_connector_config
 from flotilla.outbox import OUTBOX_MIGRATION
-from flotilla.testing import containers
+from tests.support import containers
 
 from ..poms import LOCAL_STACK_POM, TRANSFORMS_POM, pom_property, pom_text
 from .dockerfiles import stages

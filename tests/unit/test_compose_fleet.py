@@ -32,7 +32,7 @@ from flotilla import fleet, tracing
 from flotilla.fleet import Member
 from flotilla.service import ServiceSettings
 from flotilla.settings import StackSettings
-from flotilla.testing import containers
+from tests.support import containers
 
 from .dockerfiles import Stage, stages
 
@@ -674,9 +674,10 @@ def test_the_image_carries_what_the_services_read_and_no_secret() -> None:
 
 
 def test_the_policies_and_schemas_the_image_copies_exist() -> None:
-    from services.policy.decide import POLICY_DIR
+    from flotilla import project_path
 
-    assert POLICY_DIR == REPO_ROOT / "infra" / "policies"  # what FLOTILLA_POLICY_DIR replaces in the image
+    # what FLOTILLA_SCHEMAS_DIR and FLOTILLA_POLICY_DIR replace in the image, found from a checkout
+    assert project_path("FLOTILLA_POLICY_DIR", "infra/policies").resolve() == REPO_ROOT / "infra" / "policies"
     assert any((REPO_ROOT / "infra" / "policies").glob("*.cedar"))
     assert any((REPO_ROOT / "schemas").rglob("*.avsc"))
 

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from flotilla.consumer import ConsumerLoop, LoopConfig, commit_offsets
 from flotilla.rawloop import RawLoop
 from flotilla.settings import StackSettings
-from flotilla.testing.messages import FakeMessage
+from tests.support.messages import FakeMessage
 
 
 class _Consumer:

@@ -17,7 +17,7 @@ from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.messages import FakeMessage
+from tests.support.messages import FakeMessage
 from tests.unit.test_serde import _NOT_RECORDS, RECORD, SCHEMA_ID, SCHEMA_STR, SUBJECT, TOPIC, FakeRegistry, _value
 
 ROGUE_ID = 4242  # the same record schema, registered under a subject of its own

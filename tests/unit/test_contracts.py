@@ -453,7 +453,7 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[l
     _write(tmp_path, "alpha/A.avsc", json.dumps({"type": "record", "name": "A", "namespace": "n", "fields": []}))
     monkeypatch.setenv("FLOTILLA_SCHEMAS_DIR", str(tmp_path))
     monkeypatch.setattr(flotilla.settings, "load_settings", lambda *a, **k: flotilla.settings.StackSettings())
-    monkeypatch.setattr(flotilla.serde, "registry_client", lambda url: clients[0])
+    monkeypatch.setattr(flotilla.contracts, "registry_client", lambda url: clients[0])
     yield clients
 
 

@@ -21,7 +21,7 @@ from flotilla.deadletter import (
     Reason,
     dlq_topic,
 )
-from flotilla.testing.messages import FakeMessage
+from tests.support.messages import FakeMessage
 
 CONTEXT_NAMES = [
     "dlq_origin_topic",

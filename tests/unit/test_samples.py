@@ -9,10 +9,10 @@ from typing import Any
 import fastavro
 import pytest
 from fastavro.validation import validate
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 from flotilla.contracts import Contract, load_contracts
 from flotilla.envelope import Envelope
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 CONTRACTS = load_contracts()
 BY_NAME = {c.full_name: c for c in CONTRACTS}

@@ -23,7 +23,6 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from flotilla.envelope import DEFAULT_HOPS, Envelope
 from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError
-from flotilla.testing.samples import sample_value
 from flotilla_ops.cli.output import ExitCode, Output, unreachable
 from flotilla_ops.cli.records import (
     InputError,
@@ -36,6 +35,7 @@ from flotilla_ops.cli.records import (
     short_name,
 )
 from flotilla_ops.cli.runtime import ProducerLike, runtime
+from flotilla_ops.samples import sample_value
 
 DEFAULT_SOURCE = "/flotilla/cli"
 

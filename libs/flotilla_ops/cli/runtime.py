@@ -15,12 +15,11 @@ from typing import Any, Protocol, cast
 import typer
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from flotilla.serde import AvroSerde, registry_client
-from flotilla.settings import KafkaTarget, StackSettings, kafka_connection, load_settings
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
+from flotilla.settings import KafkaTarget, StackSettings, kafka_connection, load_settings, project_path
 from flotilla.tailing import tail_consumer
 from flotilla_ops.fleetapi import FleetApi
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class ProducerLike(Protocol):
@@ -84,9 +83,14 @@ class Runtime:
     consumer_factory: Callable[..., ConsumerLike] | None = None
     api_factory: Callable[[float], FleetApi] = field(default=lambda timeout: FleetApi(timeout=timeout))
     http_timeout: float = 10.0
-    repo_root: Path = REPO_ROOT
+    repo_root: Path | None = None  # the checkout the stack commands run in (found from the cwd when None)
     _settings: StackSettings | None = field(default=None, init=False, repr=False)
     _serde: AvroSerde | None = field(default=None, init=False, repr=False)
+
+    @property
+    def project_root(self) -> Path:
+        """The checkout whose ``infra/local`` scripts the stack commands run."""
+        return self.repo_root or project_path("FLOTILLA_PROJECT_DIR", "infra/local").parents[1]
 
     @property
     def settings(self) -> StackSettings:

@@ -30,7 +30,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="JSON output.")]
 
 
 def _script(ctx: typer.Context, out: Output, name: str) -> Path:
-    path = runtime(ctx).repo_root / "infra" / "local" / name
+    path = runtime(ctx).project_root / "infra" / "local" / name
     if not path.exists():
         out.fail(f"{path} not found: stack and fleet commands need a source checkout of Flotilla")
     return path
@@ -40,7 +40,7 @@ def run_tool(ctx: typer.Context, out: Output, script: str, *args: str, env: dict
     """Run a tool live (text mode) or captured (JSON mode: its output is reported)."""
     path = _script(ctx, out, script)
     command = [sys.executable, str(path), *args]
-    cwd = runtime(ctx).repo_root
+    cwd = runtime(ctx).project_root
     if not out.json:
         return subprocess.run(command, cwd=cwd, env=env, check=False).returncode
     done = subprocess.run(command, cwd=cwd, env=env, check=False, capture_output=True, text=True)
@@ -64,7 +64,7 @@ def _finish(returncode: int) -> None:
 def status(ctx: typer.Context, out: Output, script: str) -> None:
     path = _script(ctx, out, script)
     done = subprocess.run(
-        [sys.executable, str(path), "status", "--json"], cwd=runtime(ctx).repo_root, capture_output=True, text=True
+        [sys.executable, str(path), "status", "--json"], cwd=runtime(ctx).project_root, capture_output=True, text=True
     )
     try:
         rows = json.loads(done.stdout)
@@ -142,7 +142,7 @@ def demo(
     """
     out = Output(False)
     env = {**os.environ, **({"DEMO_AUTO_APPROVE": "1"} if auto_approve else {})}
-    root = runtime(ctx).repo_root
+    root = runtime(ctx).project_root
     for step, command in (
         ("stack up", [sys.executable, str(_script(ctx, out, "stackctl.py")), "up"]),
         ("schemas", [sys.executable, "-m", "flotilla.contracts"]),

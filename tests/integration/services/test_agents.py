@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
+from flotilla_ops.samples import latency_fact
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
 from flotilla_reasoning.records import diagnosis_record
 from flotilla_reasoning.sim import parse_metrics, parse_services
@@ -34,8 +35,6 @@ from flotilla.records import (
 from flotilla.runner import ServiceContext, build_loop, prepare, start_periodic
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.producing import ordered_producer
-from flotilla.testing.samples import latency_fact
 from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings
 from services.diagnostic_agent import build_agent as diagnostic_spec
 from services.remediation_agent import RemediationSettings
@@ -44,6 +43,7 @@ from services.remediation_agent.plan import digest_matches
 from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, ThreadedServer, diagnosis_answer, hallucinated
 from tests.integration.kafka_wait import fresh_topic
 from tests.signing import AGENT_KEY, AGENT_SIGNER, write_key
+from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -28,6 +28,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact
 
 from flotilla.bootstrap import drop_outbox
 from flotilla.contracts import Contract, load_contracts, register
@@ -35,13 +36,12 @@ from flotilla.keys import Keyring, load_or_create, public_key_text
 from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.producing import ordered_producer
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from services.audit import service as audit_service
 from services.audit.anchors import publisher, read_anchors
 from services.audit.api import _COLUMNS, _sealed, verify_chain
 from services.audit.chain import GENESIS, Signer, seal
 from services.audit.settings import AuditSettings
+from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -38,7 +38,6 @@ from flotilla.records import CommandFailed, RecoveryCompleted, RecoveryFailed
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.producing import ordered_producer
 from services.executor import commands, idempotency, leases
 from services.executor.commands import Step
 from services.executor.execution import Applied, Executor, Failed, Replayed
@@ -48,6 +47,7 @@ from services.executor.service import LOOP, MIGRATIONS, spec
 from services.executor.settings import ExecutorSettings
 from services.executor.targets import ActionResult, SimTarget, StaleFencingToken, TargetRejected, TargetUnavailable
 from tests.signing import POLICY_SIGNER, public, sign_command
+from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(180)
 

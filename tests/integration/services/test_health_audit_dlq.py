@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi.testclient import TestClient
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from prometheus_client import REGISTRY
 
 from flotilla import deadletter
@@ -40,8 +41,6 @@ from flotilla.serde import AvroSerde
 from flotilla.service import create_app
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
-from flotilla.testing.producing import ordered_producer
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from flotilla.workflow import Status, WorkflowStore
 from services.audit import service as audit_service
 from services.audit.chain import Signer
@@ -50,6 +49,7 @@ from services.dlq_reconciler import service as dlq_service
 from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN, DlqSettings
 from services.health_agent import service as health_service
 from services.health_agent.settings import HealthSettings
+from tests.support.producing import ordered_producer
 
 from ..kafka_wait import tail_consumer, wait_for
 

@@ -45,7 +45,6 @@ from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
 from flotilla.service import ServiceSettings, create_app
 from flotilla.settings import StackSettings
-from flotilla.testing.producing import ordered_producer
 from flotilla.workflow import IncidentState, Status, WorkflowStore, transition
 from services.policy import approvals
 from services.policy.api import install_routes
@@ -58,6 +57,7 @@ from services.policy.service import build_spec
 from services.policy.testing import AGENT, proposal, step
 from tests.integration.kafka_wait import fresh_topic
 from tests.signing import AGENT_SIGNER, POLICY_SIGNER, attest
+from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from flotilla.testing.messages import FakeMessage
+from tests.support.messages import FakeMessage
 
 
 @dataclass

@@ -13,7 +13,8 @@ import pytest
 from flotilla_ops.cli import Runtime, app
 from typer.testing import CliRunner
 
-from flotilla.serde import AvroSerde, registry_client
+from flotilla.registry import registry_client
+from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 
 from .fakes import FakeProducer

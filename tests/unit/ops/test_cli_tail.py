@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from flotilla_ops.cli import Runtime, app
 from flotilla_ops.cli.tail import parse_since
+from flotilla_ops.samples import latency_fact
 from typer.testing import CliRunner
 
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from flotilla.testing.messages import FakeMessage
-from flotilla.testing.samples import latency_fact
+from tests.support.messages import FakeMessage
 
 from .fakes import FakeConsumer, json_lines
 

@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastavro import parse_schema
+from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact
 
 from flotilla import deadletter
 from flotilla.authority import Grant, Signer, Unauthorized, attest_proposal, authorize_command, verify_proposal
@@ -24,7 +25,6 @@ from flotilla.keys import Keyring
 from flotilla.rawrecords import jsonable
 from flotilla.records import DeadLetterQuarantined
 from flotilla.serde import AvroSerde
-from flotilla.testing.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from flotilla.validation import RecordValidator
 from services.dlq_reconciler.api import requeue_payload
 from services.dlq_reconciler.auth import Operator, OperatorTokens

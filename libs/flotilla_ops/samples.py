@@ -6,9 +6,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from flotilla.envelope import Envelope
+from flotilla import Envelope
+from flotilla.records import ServiceLatencyIncreased
 
-SERVICE_LATENCY_INCREASED = "dev.flotilla.incidents.ServiceLatencyIncreased"
+SERVICE_LATENCY_INCREASED = ServiceLatencyIncreased.TYPE
 
 
 def latency_fact(

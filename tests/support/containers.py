@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.network import Network
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 INFRA_SERVICES = ("postgres", "kafka", "schema-registry", "connect")
 INIT_SERVICES = ("kafka-init", "registry-init", "connect-init")

@@ -1,1 +1,0 @@
-"""Test helpers shared by the Flotilla test suites (nothing here runs in production)."""
