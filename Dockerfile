@@ -56,7 +56,7 @@ COPY --from=builder /opt/flotilla /opt/flotilla
 WORKDIR /app
 # Read at run time from these paths (the installed packages cannot find the repository's
 # folders next to themselves): the contracts for `python -m flotilla.contracts` and
-# `python -m flotilla.prepare`, the policies for the policy service, the demo for the
+# `python -m flotilla.provision`, the policies for the policy service, the demo for the
 # one-shot `incident` job of docker compose.
 COPY schemas ./schemas
 COPY infra/policies ./infra/policies

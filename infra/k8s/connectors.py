@@ -67,7 +67,7 @@ def kafka_connector(database: str) -> dict[str, Any]:
         "class": config["connector.class"],
         "tasksMax": int(config["tasks.max"]),
         # A connector created before its database (first rollout) fails; Strimzi restarts
-        # it with a growing back-off until the service or the prepare Job has made it.
+        # it with a growing back-off until the service or the provision Job has made it.
         "autoRestart": {"enabled": True},
         "state": "running",
         "config": {key: value for key, value in config.items() if key not in SPEC_FIELDS},

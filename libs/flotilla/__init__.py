@@ -1,21 +1,27 @@
 """Flotilla: the shared runtime of the agent fleet.
 
-Everything a service needs is importable from here; submodules starting with ``_`` and
-names not listed in ``__all__`` are internal. One job per module:
+A service imports the runtime from here (``from flotilla import ServiceSpec,
+HandlerContext, ...``) and, for what it says to other services, from the contract
+modules: ``records`` (the typed records, generated from ``schemas/``), ``commands``,
+``digest``, ``authority``, ``keys``, ``deadletter`` (the DLQ's headers), ``rawrecords``,
+``fleet``, ``metrics`` and ``tracing``. The other modules are the runtime's machinery;
+``make lint`` (import-linter) keeps services out of them. One job per module:
 
-- ``settings``: where the stack is;  ``contracts``: the Avro catalogue and its subjects
-- ``serde`` + ``validation``: Confluent-framed Avro, validated at the perimeter
+- ``settings``: where the stack is, and a service's settings;  ``contracts``: the Avro catalogue
+- ``serde`` + ``validation`` + ``registry``: Confluent-framed Avro, validated at the perimeter
+- ``records`` + ``typedrecord``: one class per record;  ``escalations``: handing an incident to people
 - ``envelope``: CloudEvents headers and caused records
 - ``outbox`` + ``connectors`` + ``bootstrap``: publishing through Debezium
 - ``consumer`` + ``handling`` + ``dedupe`` + ``deadletter``: the idempotent consumer loop
 - ``rawloop`` + ``rawrecords``: consuming and showing records undecoded (audit, DLQ)
 - ``workflow``: the incident state machine and budgets;  ``digest``: approval digests
 - ``deferred``: slow calls outside the consumer's transaction;  ``tracing``: OpenTelemetry spans
-- ``runner``: declaring (``ServiceSpec``) and running (``run_service``) a service;  ``fleet``: who is who
-- ``metrics`` + ``service``: the operational surface
+- ``runner``: declaring (``ServiceSpec``) and running (``run_service``, ``run_app``) a service
+- ``fleet``: who is who;  ``metrics`` + ``http``: the operational surface
+- ``provision``: ``python -m flotilla.provision``, a stack made ready for a fleet in one run
 """
 
-from flotilla.bootstrap import bootstrap_outbox, ensure_database
+from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
 from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register_all, subject_for
 from flotilla.deadletter import DeadLetter, Reason, dlq_topic
@@ -25,6 +31,7 @@ from flotilla.digest import command_digest
 from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
 from flotilla.escalations import ON_CALL, escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused, Report
+from flotilla.http import create_app
 from flotilla.outbox import Outbox
 from flotilla.rawloop import AfterCommit, RawLoop
 from flotilla.registry import registry_client
@@ -38,9 +45,9 @@ from flotilla.serde import (
     UndecodableRecordError,
     UnknownSchemaIdError,
 )
-from flotilla.service import ServiceSettings, create_app, open_pool
 from flotilla.settings import (
     KafkaTarget,
+    ServiceSettings,
     StackSettings,
     default_env_file,
     kafka_connection,

@@ -7,12 +7,14 @@ again at any time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from flotilla import connectors, outbox
-from flotilla.settings import StackSettings
+from flotilla.settings import ServiceSettings, StackSettings
 
 
 def ensure_database(settings: StackSettings, database: str) -> None:
@@ -53,3 +55,16 @@ def drop_outbox(settings: StackSettings, database: str) -> None:
                 break
             conn.execute("SELECT pg_sleep(0.2)")
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+
+
+def open_pool(settings: ServiceSettings, *, max_size: int = 4) -> ConnectionPool[Any]:
+    """A connection pool on the service's own database, in autocommit mode: every
+    transaction is an explicit ``conn.transaction()`` block."""
+    return ConnectionPool(
+        settings.pg_dsn(settings.service_database),
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        open=True,
+        name=settings.service_name,
+    )

@@ -24,14 +24,15 @@ from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
 
 from flotilla import consumer, metrics, tracing
-from flotilla.bootstrap import bootstrap_outbox, ensure_database
+from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler
+from flotilla.http import create_app, database_ready, serve_http
 from flotilla.outbox import Outbox, allow_topics
 from flotilla.registry import registry_client
 from flotilla.serde import AvroSerde
-from flotilla.service import ServiceSettings, create_app, database_ready, open_pool, serve_http
+from flotilla.settings import ServiceSettings
 from flotilla.typedrecord import Record
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -139,3 +139,22 @@ def load_settings(env_file: Path | None = None) -> StackSettings:
     """Settings from the environment, falling back to the stack's env file."""
     path = env_file or default_env_file()
     return StackSettings(_env_file=path if path.exists() else None)  # type: ignore[call-arg]
+
+
+class ServiceSettings(StackSettings):
+    """Stack settings plus what one service needs; all from ``FLOTILLA_*`` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
+
+    service_name: str = "flotilla-service"
+    service_database: str = "flotilla"
+    http_host: str = "127.0.0.1"
+    http_port: int = 0  # 0: no HTTP server
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Self:
+        """The settings of this class from FLOTILLA_* variables over the stack's env file:
+        the one loader every service uses (subclasses inherit it)."""
+        path = default_env_file()
+        return cls(_env_file=path if path.exists() else None, **overrides)  # type: ignore[call-arg]

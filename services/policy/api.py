@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flotilla import ServiceContext
 from services.policy import store
+from services.policy.approval_rules import Action, ProposalStatus, Refusal, seconds_left
 from services.policy.approvals import decide_by_person
 from services.policy.auth import Person
 from services.policy.commands import command_kind, describe, from_epoch_ms
-from services.policy.rules import Action, ProposalStatus, Refusal, seconds_left
 from services.policy.runtime import PolicyRuntime
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,7 @@ from flotilla import Envelope, Record, ServiceContext, WorkflowStore, escalation
 from flotilla.authority import Grant
 from flotilla.records import ApprovalExpired, RecoveryApproved, RecoveryRejected
 from services.policy import records, store
-from services.policy.auth import Person
-from services.policy.commands import epoch_ms
-from services.policy.decide import Outcome
-from services.policy.rules import (
+from services.policy.approval_rules import (
     Action,
     ProposalStatus,
     Refusal,
@@ -38,6 +35,9 @@ from services.policy.rules import (
     check_person,
     check_request,
 )
+from services.policy.auth import Person
+from services.policy.commands import epoch_ms
+from services.policy.decide import Outcome
 from services.policy.runtime import PolicyRuntime
 
 log = logging.getLogger(__name__)

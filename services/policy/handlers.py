@@ -23,10 +23,10 @@ from flotilla.authority import Grant, Unauthorized, verify_proposal
 from flotilla.deadletter import Reason
 from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryApproved, RecoveryProposed
 from services.policy import records, store
+from services.policy.approval_rules import ProposalStatus
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
 from services.policy.decide import Decision, Outcome, dry_run_reasons
 from services.policy.proposals import InvalidProposal, Proposal, read_proposal
-from services.policy.rules import ProposalStatus
 from services.policy.runtime import PolicyRuntime
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from psycopg.types.json import Jsonb
 
 from flotilla import Envelope
 from flotilla.records import HumanApprovalRequired
+from services.policy.approval_rules import ProposalStatus, ProposalView
 from services.policy.commands import command_record
 from services.policy.decide import Decision, ProposalFacts, Target, distinct_targets
-from services.policy.rules import ProposalStatus, ProposalView
 
 
 def migration() -> str:

@@ -20,7 +20,7 @@ from flotilla.contracts import load_contracts
 from flotilla.handling import Handler, HandlerContext
 from flotilla.records import BY_TYPE
 from flotilla.runner import ServiceContext, ServiceSpec, start
-from flotilla.service import ServiceSettings
+from flotilla.settings import ServiceSettings
 
 BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
 INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"

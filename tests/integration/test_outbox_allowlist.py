@@ -23,8 +23,7 @@ from flotilla.fleet import POLICY, REMEDIATION
 from flotilla.outbox import ALLOWLIST_CONSTRAINT, UndeclaredTopicError
 from flotilla.records import BY_TYPE
 from flotilla.runner import ServiceContext, ServiceSpec, prepare
-from flotilla.service import ServiceSettings
-from flotilla.settings import StackSettings
+from flotilla.settings import ServiceSettings, StackSettings
 from flotilla.typedrecord import Record
 
 SCALE = "dev.flotilla.commands.ScaleService"

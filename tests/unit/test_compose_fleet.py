@@ -1,6 +1,6 @@
 """The fleet part of docker-compose.yml, the Dockerfile and the observability configs,
 checked against the code they run: libs/flotilla/fleet.py, each service's settings class,
-flotilla.prepare, infra/local/demo.py and the pyproject package data.
+flotilla.provision, infra/local/demo.py and the pyproject package data.
 
 No Docker engine runs here, so nothing is built or started: the files are read and
 compared with the Python that will read the variables they set.
@@ -30,8 +30,7 @@ from pydantic_settings import BaseSettings
 
 from flotilla import fleet, tracing
 from flotilla.fleet import Member
-from flotilla.service import ServiceSettings
-from flotilla.settings import StackSettings
+from flotilla.settings import ServiceSettings, StackSettings
 from tests.support import containers
 
 from .dockerfiles import Stage, stages
@@ -447,9 +446,9 @@ def test_every_interpolated_variable_has_a_default_and_is_documented() -> None:
 # --------------------------------------------------------------- fleet-init
 
 
-def _prepare_args(services: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+def _provision_args(services: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     argv = services[INIT]["command"]
-    assert argv[:3] == ["python", "-m", "flotilla.prepare"]
+    assert argv[:3] == ["python", "-m", "flotilla.provision"]
     outbox = [a.split("=", 1)[1].split("=", 1)[0] for a in argv[3:] if a.startswith("--outbox=")]
     plain = [a.split("=", 1)[1] for a in argv[3:] if a.startswith("--database=")]
     assert len(outbox) + len(plain) == len(argv) - 3, f"unexpected arguments in {argv}"
@@ -485,7 +484,7 @@ def test_fleet_init_prepares_every_database_as_its_service_will(
 ) -> None:
     monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
     monkeypatch.setenv("FLOTILLA_PROFILE", "demo")  # compose's: the specs build with the demo credentials
-    outbox, plain = _prepare_args(services)
+    outbox, plain = _provision_args(services)
     with_db = [m for m in fleet.FLEET if m.database]
     assert sorted(outbox + plain) == sorted(m.database for m in with_db if m.database)
     for member in with_db:
@@ -505,16 +504,16 @@ def test_fleet_init_reads_only_stack_settings(services: dict[str, dict[str, Any]
             assert {k: member_env[k] for k in env} == env, name
 
 
-def test_prepare_entry_point_takes_those_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flotilla import prepare
+def test_provision_entry_point_takes_those_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flotilla import provision
 
     seen: dict[str, Any] = {}
 
     def fake(settings: StackSettings, **kwargs: Any) -> None:
         seen.update(kwargs)
 
-    monkeypatch.setattr(prepare, "prepare", fake)
-    assert prepare.main(["--outbox=a=incidents", "--outbox=b=commands,incidents", "--database=c", "--timeout=5"]) == 0
+    monkeypatch.setattr(provision, "provision", fake)
+    assert provision.main(["--outbox=a=incidents", "--outbox=b=commands,incidents", "--database=c", "--timeout=5"]) == 0
     assert seen == {
         "outbox": {"a": ("incidents",), "b": ("commands", "incidents")},
         "databases": ["c"],
@@ -522,14 +521,14 @@ def test_prepare_entry_point_takes_those_arguments(monkeypatch: pytest.MonkeyPat
         "timeout": 5.0,
     }
     with pytest.raises(SystemExit):  # a publishing database without its topics is refused
-        prepare.main(["--outbox=a"])
+        provision.main(["--outbox=a"])
 
 
-def test_prepare_does_contracts_then_outboxes_then_databases(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flotilla import bootstrap, contracts, prepare
+def test_provision_does_contracts_then_outboxes_then_databases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flotilla import bootstrap, contracts, provision
 
     calls: list[str] = []
-    monkeypatch.setattr(prepare, "registry_client", lambda url: object())
+    monkeypatch.setattr(provision, "registry_client", lambda url: object())
     monkeypatch.setattr(contracts, "register_all", lambda client: calls.append("contracts") or {"s": 1})
     monkeypatch.setattr(
         bootstrap, "bootstrap_outbox", lambda s, db, topics, timeout: calls.append(f"outbox {db} {topics}") or db
@@ -543,12 +542,12 @@ def test_prepare_does_contracts_then_outboxes_then_databases(monkeypatch: pytest
         calls.append(f"database {db}")
 
     monkeypatch.setattr(bootstrap, "ensure_database", ensure)
-    prepare.prepare(StackSettings(), outbox={"a": ("incidents",), "b": ()}, databases=["c"], timeout=5, pause=0.01)
+    provision.provision(StackSettings(), outbox={"a": ("incidents",), "b": ()}, databases=["c"], timeout=5, pause=0.01)
     assert calls == ["contracts", "outbox a ('incidents',)", "outbox b ()", "database c"]
 
 
-def test_prepare_gives_up_at_once_on_an_incompatible_contract(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flotilla import contracts, prepare
+def test_provision_gives_up_at_once_on_an_incompatible_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flotilla import contracts, provision
 
     attempts: list[int] = []
 
@@ -556,10 +555,10 @@ def test_prepare_gives_up_at_once_on_an_incompatible_contract(monkeypatch: pytes
         attempts.append(1)
         raise contracts.IncompatibleSchemaError("incidents-x: refused")
 
-    monkeypatch.setattr(prepare, "registry_client", lambda url: object())
+    monkeypatch.setattr(provision, "registry_client", lambda url: object())
     monkeypatch.setattr(contracts, "register_all", refuse)
-    monkeypatch.setattr(prepare, "load_settings", StackSettings)
-    assert prepare.main([]) == 1
+    monkeypatch.setattr(provision, "load_settings", StackSettings)
+    assert provision.main([]) == 1
     assert attempts == [1]
 
 

@@ -379,17 +379,17 @@ def _settings_fields(module_name: str) -> set[str]:
 def test_every_variable_is_one_the_service_reads(objects: tuple[dict[str, Any], ...]) -> None:
     for workload in workloads(objects):
         member = member_of(workload)
-        if member == "flotilla-prepare":  # python -m flotilla.prepare reads StackSettings
+        if member == "flotilla-provision":  # python -m flotilla.provision reads StackSettings
             readable = {f"FLOTILLA_{f.upper()}" for f in StackSettings.model_fields}
         else:
             readable = _settings_fields(f"{BY_NAME[member].module}.settings")
-        if member == "flotilla-prepare" or BY_NAME[member].database is not None:
+        if member == "flotilla-provision" or BY_NAME[member].database is not None:
             readable |= set(TRACING_ENV)  # read by flotilla.tracing, not a settings class
         for container in workload["spec"]["template"]["spec"]["containers"]:
             env = container_env(objects, container)
             unread = sorted(set(env) - readable)
             assert not unread, f"{ident(workload)} sets variables its settings do not read: {unread}"
-            if member not in ("flotilla-prepare", SIM.name):
+            if member not in ("flotilla-provision", SIM.name):
                 assert env["FLOTILLA_HTTP_HOST"] == "0.0.0.0", ident(workload)
                 assert env["FLOTILLA_HTTP_PORT"] == str(BY_NAME[member].http_port), ident(workload)
             if member == SIM.name:
@@ -422,7 +422,7 @@ def test_services_with_a_database_know_where_the_stack_is(objects: tuple[dict[st
     needed |= {"FLOTILLA_PG_HOST", "FLOTILLA_PG_PORT", "FLOTILLA_PG_USER", "FLOTILLA_PG_PASSWORD"}
     for workload in workloads(objects):
         member = member_of(workload)
-        if member == "flotilla-prepare" or BY_NAME[member].database is not None:
+        if member == "flotilla-provision" or BY_NAME[member].database is not None:
             env = container_env(objects, workload["spec"]["template"]["spec"]["containers"][0])
             assert needed <= set(env), f"{ident(workload)} misses {sorted(needed - set(env))}"
 
@@ -556,7 +556,7 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
     expected = "demo" if overlay == "dev" else "production"
     for w in workloads(objects):
         env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
-        if member_of(w) == "flotilla-prepare" or BY_NAME[member_of(w)].database is not None:
+        if member_of(w) == "flotilla-provision" or BY_NAME[member_of(w)].database is not None:
             assert env["FLOTILLA_PROFILE"] == expected, ident(w)
     if overlay == "production":
         policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
@@ -783,7 +783,7 @@ def test_kafka_clients_connect_securely_in_production_only(overlay: str, objects
         (container,) = spec["containers"]
         env = container_env(objects, container)
         if overlay == "dev" or member not in KAFKA_CLIENTS:
-            # dev connects in plaintext; the prepare Job and the console never talk to Kafka.
+            # dev connects in plaintext; the provision Job and the console never talk to Kafka.
             assert not KAFKA_SECURITY_VARS & set(env), f"{ident(workload)}: {sorted(KAFKA_SECURITY_VARS & set(env))}"
             assert not any(v.get("secret", {}).get("secretName") == CLUSTER_CA for v in spec["volumes"])
             continue

@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 import flotilla.metrics  # noqa: F401  (registers the fleet's metrics)
-from flotilla.service import ServiceSettings, create_app
+from flotilla.http import create_app
+from flotilla.settings import ServiceSettings
 
 FLEET_METRICS = [
     "flotilla_records_consumed_total",

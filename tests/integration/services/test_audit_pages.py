@@ -23,8 +23,8 @@ from fastapi.testclient import TestClient
 from psycopg_pool import ConnectionPool
 
 from flotilla.bootstrap import ensure_database
+from flotilla.http import create_app
 from flotilla.keys import Keyring
-from flotilla.service import create_app
 from flotilla.settings import StackSettings
 from services.audit.api import make_routes
 from services.audit.chain import GENESIS, Entry, Sealed, Signer, seal

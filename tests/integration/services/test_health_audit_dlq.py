@@ -35,10 +35,10 @@ from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.contracts import Contract, load_contracts, register
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, HandlerContext
+from flotilla.http import create_app
 from flotilla.keys import load_or_create, public_key_text
 from flotilla.runner import ServiceContext, build_loop, prepare
 from flotilla.serde import AvroSerde
-from flotilla.service import create_app
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
 from flotilla.workflow import Status, WorkflowStore

@@ -30,6 +30,7 @@ from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.digest import command_digest
 from flotilla.envelope import Envelope
 from flotilla.handling import BusinessRuleViolation, HandlerContext, Incoming
+from flotilla.http import create_app
 from flotilla.keys import Keyring
 from flotilla.outbox import Outbox, OutboxRow
 from flotilla.records import (
@@ -43,8 +44,7 @@ from flotilla.records import (
 )
 from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
-from flotilla.service import ServiceSettings, create_app
-from flotilla.settings import StackSettings
+from flotilla.settings import ServiceSettings, StackSettings
 from flotilla.workflow import IncidentState, Status, WorkflowStore, transition
 from services.policy import approvals
 from services.policy.api import install_routes

@@ -17,9 +17,7 @@ from flotilla.settings import MissingCredentials
 from flotilla.workflow import Status
 from services.policy import auth
 from services.policy.api import install_routes
-from services.policy.auth import DEMO_USERS, Person, TokenStore, UsersConfigError, bearer_token
-from services.policy.decide import PolicyEngine, Target
-from services.policy.rules import (
+from services.policy.approval_rules import (
     Action,
     ProposalStatus,
     ProposalView,
@@ -29,6 +27,8 @@ from services.policy.rules import (
     same_principal,
     seconds_left,
 )
+from services.policy.auth import DEMO_USERS, Person, TokenStore, UsersConfigError, bearer_token
+from services.policy.decide import PolicyEngine, Target
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
 from services.policy.settings import PolicySettings

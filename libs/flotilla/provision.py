@@ -1,6 +1,6 @@
 """Make a stack ready for a fleet, in one idempotent run.
 
-    python -m flotilla.prepare --outbox flotilla_health=incidents \\
+    python -m flotilla.provision --outbox flotilla_health=incidents \\
                                --outbox flotilla_policy=incidents,commands ... --database flotilla_audit
 
 1. registers every contract in ``schemas/`` with the registry (``flotilla.contracts``);
@@ -31,7 +31,7 @@ from flotilla import bootstrap, contracts
 from flotilla.registry import registry_client
 from flotilla.settings import StackSettings, load_settings
 
-log = logging.getLogger("flotilla.prepare")
+log = logging.getLogger("flotilla.provision")
 
 T = TypeVar("T")
 
@@ -49,7 +49,7 @@ def _retrying(what: str, step: Callable[[], T], deadline: float, pause: float) -
             time.sleep(pause)
 
 
-def prepare(
+def provision(
     settings: StackSettings,
     *,
     outbox: Mapping[str, Sequence[str]] | Sequence[str] = (),
@@ -85,7 +85,7 @@ def _outbox_arg(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flotilla.prepare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flotilla.provision", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--outbox",
         action="append",
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        prepare(
+        provision(
             load_settings(),
             outbox=dict(args.outbox),
             databases=args.database,
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout=args.timeout,
         )
     except Exception as exc:
-        log.error("not prepared: %s: %s", exc.__class__.__name__, exc)
+        log.error("not provisioned: %s: %s", exc.__class__.__name__, exc)
         return 1
     log.info("the stack is ready for the fleet")
     return 0
