@@ -16,10 +16,14 @@ help: ## Show this help
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON_BOOT) >/dev/null || { echo "error: $(PYTHON_BOOT) not found; Flotilla needs Python 3.11" >&2; exit 2; }
-	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	@echo "[setup] .venv: Python 3.11 with the pinned dependencies of constraints.txt (a minute or two, first run only)"
+	@$(PYTHON_BOOT) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@# PYTHONWARNINGS: setuptools reminds every editable install that a folder named like a
+	@# package (services/) shadows it; here that is the point, so the reminder is noise.
+	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
+	@echo "[setup] .venv ready"
 
 install: $(STAMP) ## Create .venv and install Flotilla with its pinned dependencies
 
@@ -31,13 +35,13 @@ lock: ## Re-resolve pyproject.toml's pins in a scratch venv and write constraint
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 demo: fleet-up ## Main job: a full local incident, from a slow service to a verified recovery, live
-	$(PY) infra/local/demo.py
+	@$(PY) infra/local/demo.py
 
 demo-outbox: stack-up schemas ## The outbox round trip alone, shown live
 	$(PY) infra/local/outbox_demo.py
 
 fleet-up: stack-up schemas ## Start the sim and the seven services (needs the stack)
-	$(PY) infra/local/fleetctl.py up
+	@$(PY) infra/local/fleetctl.py up
 
 fleet-down: $(STAMP) ## Stop the fleet (the stack keeps running)
 	$(PY) infra/local/fleetctl.py down
@@ -46,7 +50,7 @@ fleet-status: $(STAMP) ## Each service: up/down, endpoint, database, log file
 	$(PY) infra/local/fleetctl.py status
 
 stack-up: $(STAMP) ## Start the local stack (idempotent; downloads on first run)
-	$(STACKCTL) up
+	@$(STACKCTL) up
 
 stack-down: $(STAMP) ## Stop the local stack, keeping its data
 	$(STACKCTL) down
@@ -58,7 +62,7 @@ stack-status: $(STAMP) ## Each component: up/down, endpoint, version, log file
 	$(STACKCTL) status
 
 schemas: $(STAMP) ## Register every contract in schemas/ with the registry
-	$(PY) -m flotilla.contracts
+	@$(PY) -m flotilla.contracts --quiet
 
 lint: $(STAMP) ## ruff (lint + format check), mypy, the import layers (pyproject [tool.importlinter]), current typed records
 	$(VENV)/bin/ruff check .

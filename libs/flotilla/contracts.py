@@ -289,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """
     parser = argparse.ArgumentParser(prog="python -m flotilla.contracts", description=main.__doc__)
     parser.add_argument("--check", action="store_true", help="check compatibility only; register nothing")
+    parser.add_argument("--quiet", action="store_true", help="one summary line instead of a line per subject")
     args = parser.parse_args(argv)
     settings = load_settings()
     client = registry_client(settings.schema_registry_url)
@@ -302,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ids = register_all(client)
     except IncompatibleSchemaError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.quiet:
+        print(f"[schemas] {len(ids)} contracts registered (python -m flotilla.contracts lists them)")
+        return
     for subject, schema_id in ids.items():
         print(f"{subject} -> id {schema_id}")
 
