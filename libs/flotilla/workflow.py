@@ -232,6 +232,12 @@ class WorkflowStore:
         conn.execute(_UPSERT, _row(state))
 
     @staticmethod
+    def status_of(conn: psycopg.Connection[Any], incident_id: str) -> Status | None:
+        """The incident's status as this service's table has it; None if it has none."""
+        row = conn.execute("SELECT status FROM incident_workflow WHERE incident_id = %s", (incident_id,)).fetchone()
+        return None if row is None else Status(row[0])
+
+    @staticmethod
     def charge_tokens(conn: psycopg.Connection[Any], incident_id: str, tokens: int) -> None:
         """Tokens spent outside a handler (a job, deferred work) still count against the
         incident's budget: added to its row, in the caller's transaction."""

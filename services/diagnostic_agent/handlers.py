@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed, SimClient, SimUnavailable
 from flotilla_reasoning.failures import escalation_reason, record_failure
-from flotilla_reasoning.model import Topology, Verdict
+from flotilla_reasoning.model import Verdict
 from flotilla_reasoning.records import diagnosis_record
 
 from flotilla import (
@@ -177,45 +177,85 @@ class DiagnosticAgent:
         return taken
 
     def finish_one(self, ctx: ServiceContext, now: datetime | None = None) -> str | None:
-        """Claim one due job and finish it in one transaction; returns what came of it
-        (the emitted record type, ``abandoned`` or ``postponed``), None when none is due."""
-        now = now or ctx.now()
-        claimed: jobs.Job | None = None
-        with ctx.pool.connection() as conn:
-            try:
-                with conn.transaction():
-                    claimed = jobs.claim_due(conn, now)
-                    if claimed is None:
-                        return None
-                    return self._finish(ctx, conn, claimed, now)
-            except Exception as exc:
-                if claimed is None:
-                    raise
-                error = f"{exc.__class__.__name__}: {exc}"
-                log.warning("diagnostic job %s could not finish: %s", claimed.job_id, error)
-                if now >= claimed.deadline:
-                    return self._give_up(ctx, conn, claimed, error, now)
-                with conn.transaction():
-                    until = now + timedelta(seconds=self.settings.diagnostic_job_retry_seconds)
-                    jobs.postpone(conn, claimed.job_id, until=until, error=error)
-                return "postponed"
+        """Finish one due job; returns what came of it (the emitted record type,
+        ``abandoned`` or ``postponed``), None when none is due.
 
-    def _give_up(
-        self, ctx: ServiceContext, conn: psycopg.Connection[Any], job: jobs.Job, error: str, now: datetime
+        Three steps, like ``flotilla.deferred``: lease the job (a short transaction that
+        moves its due time past the lease, so no other instance takes it meanwhile); read
+        the sim and ask the reasoner with no transaction open; then, in one short
+        transaction, take the job for good (``running`` → ``done``, which only one
+        instance can do) and emit its result. A crash in between leaves the job running:
+        it is due again when the lease runs out."""
+        now = now or ctx.now()
+        lease = timedelta(seconds=self.settings.diagnose_lease_seconds)
+        with ctx.pool.connection() as conn, conn.transaction():
+            job = jobs.lease_due(conn, now, until=now + lease)
+        if job is None:
+            return None
+        with ctx.pool.connection() as conn:
+            status = WorkflowStore.status_of(conn, job.incident_id)
+        if status is not None and status is not Status.DIAGNOSING:
+            log.info("diagnostic job %s abandoned: incident %s is %s", job.job_id, job.incident_id, status.value)
+            return self._conclude(ctx, job, now, "abandoned")
+        try:
+            outcome: Diagnosis | ReasoningFailed = self._reason(self._evidence_for(ctx, job))
+        except Exception as exc:  # the sim did not answer, or anything else went wrong
+            error = f"{exc.__class__.__name__}: {exc}"
+            log.warning("diagnostic job %s could not finish: %s", job.job_id, error)
+            if now < job.deadline:
+                return self._postpone(ctx, job, now, error)
+            what = "no evidence" if isinstance(exc, SimUnavailable) else "no diagnosis"
+            outcome = ReasoningFailed(f"{what} before the job's deadline ({error[:200]})", reasoner=self.reasoner.name)
+        if not isinstance(outcome, ReasoningFailed) and outcome.verdict is Verdict.NEEDS_EVIDENCE:
+            usage = outcome.reasoning.usage
+            outcome = ReasoningFailed(
+                "it asked for more evidence after the job had run", reasoner=self.reasoner.name, usage=usage
+            )
+        return self._conclude(ctx, job, now, outcome)
+
+    def _evidence_for(self, ctx: ServiceContext, job: jobs.Job) -> DiagnosticEvidence:
+        snapshot = self.sim.snapshot()  # SimUnavailable: the job is postponed, or gives up at its deadline
+        with ctx.pool.connection() as conn:
+            topology = baselines.with_baselines(conn, snapshot)
+        return DiagnosticEvidence(
+            job.incident_id,
+            job.service,
+            job.environment,
+            job.symptom,
+            topology,
+            job_id=job.job_id,
+            job_kind=job.job_kind,
+            may_request_more=False,
+        )
+
+    def _postpone(self, ctx: ServiceContext, job: jobs.Job, now: datetime, error: str) -> str:
+        with ctx.pool.connection() as conn, conn.transaction():
+            until = now + timedelta(seconds=self.settings.diagnostic_job_retry_seconds)
+            jobs.postpone(conn, job.job_id, until=until, error=error)
+        return "postponed"
+
+    def _conclude(
+        self, ctx: ServiceContext, job: jobs.Job, now: datetime, outcome: Diagnosis | ReasoningFailed | str
     ) -> str | None:
-        """A job still failing at its deadline: escalate instead of retrying for ever."""
-        with conn.transaction():
+        """The short transaction: take the job for good and emit what came of it (nothing
+        for ``abandoned``). None when another instance finished it meanwhile."""
+        with ctx.pool.connection() as conn, conn.transaction():
             if jobs.claim(conn, job.job_id, now) is None:
-                return None  # another instance finished it meanwhile
-            failure = ReasoningFailed(
-                f"the diagnostic job kept failing until its deadline ({error[:200]})", reasoner=self.reasoner.name
-            )
-            envelope = self._escalate(
-                conn, self._emitter(ctx, conn, job), job.incident_id, failure, job.cause(ctx.source), now
-            )
+                return None
+            if isinstance(outcome, str):
+                jobs.record_outcome(conn, job.job_id, status=outcome, outcome_type=None, outcome_event_id=None)
+                return outcome
+            emit = self._emitter(ctx, conn, job)
+            usage = outcome.usage if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage
+            WorkflowStore.charge_tokens(conn, job.incident_id, usage.total)
+            if isinstance(outcome, ReasoningFailed):
+                envelope = self._escalate(conn, emit, job.incident_id, outcome, job.cause(ctx.source), now)
+            else:
+                envelope = self._emit_diagnosis(conn, emit, outcome, job.job_id, now)
             jobs.record_outcome(
                 conn, job.job_id, status="done", outcome_type=envelope.type, outcome_event_id=envelope.id
             )
+        log.info("diagnostic job %s finished: %s", job.job_id, envelope.type)
         return envelope.type
 
     @staticmethod
@@ -227,51 +267,6 @@ class DiagnosticAgent:
             return ctx.emit(conn, record, key=job.incident_id, correlation=job.incident_id, cause=cause)
 
         return emit
-
-    def _finish(self, ctx: ServiceContext, conn: psycopg.Connection[Any], job: jobs.Job, now: datetime) -> str:
-        row = conn.execute("SELECT status FROM incident_workflow WHERE incident_id = %s", (job.incident_id,)).fetchone()
-        if row is not None and row[0] != Status.DIAGNOSING.value:
-            log.info("diagnostic job %s abandoned: incident %s is %s", job.job_id, job.incident_id, row[0])
-            jobs.record_outcome(conn, job.job_id, status="abandoned", outcome_type=None, outcome_event_id=None)
-            return "abandoned"
-        emit = self._emitter(ctx, conn, job)
-        try:
-            topology = self._observe(conn)
-        except SimUnavailable as exc:
-            if now < job.deadline:
-                raise
-            failure = ReasoningFailed(f"no evidence before the job's deadline ({exc})", reasoner=self.reasoner.name)
-            envelope = self._escalate(conn, emit, job.incident_id, failure, job.cause(ctx.source), now)
-        else:
-            evidence = DiagnosticEvidence(
-                job.incident_id,
-                job.service,
-                job.environment,
-                job.symptom,
-                topology,
-                job_id=job.job_id,
-                job_kind=job.job_kind,
-                may_request_more=False,
-            )
-            outcome = self._reason(evidence)
-            if not isinstance(outcome, ReasoningFailed) and outcome.verdict is Verdict.NEEDS_EVIDENCE:
-                outcome = ReasoningFailed(
-                    "it asked for more evidence after the job had run",
-                    reasoner=self.reasoner.name,
-                    usage=outcome.reasoning.usage,
-                )
-            WorkflowStore.charge_tokens(
-                conn,
-                job.incident_id,
-                outcome.usage.total if isinstance(outcome, ReasoningFailed) else outcome.reasoning.usage.total,
-            )
-            if isinstance(outcome, ReasoningFailed):
-                envelope = self._escalate(conn, emit, job.incident_id, outcome, job.cause(ctx.source), now)
-            else:
-                envelope = self._emit_diagnosis(conn, emit, outcome, job.job_id, now)
-        jobs.record_outcome(conn, job.job_id, status="done", outcome_type=envelope.type, outcome_event_id=envelope.id)
-        log.info("diagnostic job %s finished: %s", job.job_id, envelope.type)
-        return envelope.type
 
     # ------------------------------------------------- periodic: baselines
 
@@ -291,9 +286,6 @@ class DiagnosticAgent:
             )
 
     # --------------------------------------------------------------- pieces
-
-    def _observe(self, conn: psycopg.Connection[Any]) -> Topology:
-        return baselines.with_baselines(conn, self.sim.snapshot())
 
     def _reason(self, evidence: DiagnosticEvidence) -> Diagnosis | ReasoningFailed:
         try:

@@ -1,10 +1,12 @@
 """Slow diagnostic jobs, kept in the agent's database so they outlive the process.
 
 A job is started inside the consumer's transaction (the DiagnosticJobStarted record and
-the row commit together) and finished by a periodic task: claim one due job with
-``UPDATE ... WHERE status = 'running' ... RETURNING`` (``SKIP LOCKED`` keeps several
-instances off each other's jobs), emit its result, record the outcome — one transaction,
-so a job finishes exactly once however often the task runs or the process restarts.
+the row commit together) and finished by a periodic task in three steps: lease one due
+job (``lease_due``: its due time moves past the lease; ``SKIP LOCKED`` keeps several
+instances off each other's jobs), gather evidence and reason with no transaction open,
+then ``claim`` it (``running`` → ``done``), emit its result and record the outcome in one
+short transaction — so a job finishes exactly once however often the task runs or the
+process restarts, and a slow model holds no lock.
 """
 
 from __future__ import annotations
@@ -93,13 +95,14 @@ def insert(
     )
 
 
-def claim_due(conn: psycopg.Connection[Any], now: datetime) -> Job | None:
-    """Take one due, running job for this transaction (it reads 'done' to everyone else
-    once committed; a rollback returns it to 'running')."""
+def lease_due(conn: psycopg.Connection[Any], now: datetime, *, until: datetime) -> Job | None:
+    """Take one due, running job for a while: its due time moves to ``until``, so no other
+    instance takes it before then. It stays ``running``: ``claim`` finishes it, and a
+    crash in between leaves it to be taken again once the lease has run out."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             f"""
-            UPDATE diagnostic_jobs SET status = 'done', attempts = attempts + 1, finished_at = %(now)s
+            UPDATE diagnostic_jobs SET due_at = %(until)s, attempts = attempts + 1
             WHERE job_id = (
                 SELECT job_id FROM diagnostic_jobs
                 WHERE status = 'running' AND due_at <= %(now)s
@@ -109,7 +112,7 @@ def claim_due(conn: psycopg.Connection[Any], now: datetime) -> Job | None:
             ) AND status = 'running'
             RETURNING {_COLUMNS}
             """,
-            {"now": now},
+            {"now": now, "until": until},
         ).fetchone()
     if row is None:
         return None
@@ -117,7 +120,8 @@ def claim_due(conn: psycopg.Connection[Any], now: datetime) -> Job | None:
 
 
 def claim(conn: psycopg.Connection[Any], job_id: str, now: datetime) -> str | None:
-    """Take one particular running job (to give up on it); None if it is not running."""
+    """Finish one particular running job in this transaction: ``running`` → ``done``,
+    which only one instance can do; None if it is not running (someone finished it)."""
     row = conn.execute(
         "UPDATE diagnostic_jobs SET status = 'done', finished_at = %s WHERE job_id = %s AND status = 'running' "
         "RETURNING job_id",
@@ -138,7 +142,6 @@ def record_outcome(
 def postpone(conn: psycopg.Connection[Any], job_id: str, *, until: datetime, error: str) -> None:
     """A job that could not finish: try again at ``until`` (it stays running)."""
     conn.execute(
-        "UPDATE diagnostic_jobs SET due_at = %s, last_error = %s, attempts = attempts + 1 "
-        "WHERE job_id = %s AND status = 'running'",
+        "UPDATE diagnostic_jobs SET due_at = %s, last_error = %s WHERE job_id = %s AND status = 'running'",
         (until, error[:2000], job_id),
     )

@@ -445,7 +445,7 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
     time.sleep(0.2)
     assert scalar(ctx, "SELECT count(*) FROM diagnostic_jobs WHERE status = 'running'") == 1  # this one only
 
-    fake_sim.delay = 0.5  # each finisher holds its claim while it reads the sim
+    fake_sim.delay = 0.5  # the first finisher's lease keeps the second off the job while it reads the sim
     outcomes: list[str | None] = []
     contexts = [with_reasoner(ctx, RulesReasoner())[0] for _ in range(2)]
     threads = [threading.Thread(target=lambda c=c: outcomes.append(agent.finish_one(c))) for c in contexts]
@@ -455,6 +455,34 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
         thread.join(30)
     assert sorted(outcomes, key=lambda o: o or "") == [None, DependencyFailureSuspected.TYPE]
     assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
+
+
+def test_a_job_finisher_holds_no_transaction_while_it_gathers_evidence(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    """The slow job's evidence comes from a sim that takes 4 s to answer: the job is
+    leased in a moment, read with no transaction open, and finished in a short one."""
+    ctx, _ = diagnostic
+    slow_ctx, agent = with_reasoner(ctx, RulesReasoner(), diagnostic_job_seconds=0.1)
+    incident = new_incident()
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(slow_ctx, topic), 2)
+    time.sleep(0.2)
+    fake_sim.delay = 4.0
+    outcomes: list[str | None] = []
+    finishing = threading.Thread(target=lambda: outcomes.append(agent.finish_one(slow_ctx)))
+    finishing.start()
+    longest_open = 0.0
+    while finishing.is_alive():
+        longest_open = max(longest_open, _longest_open_transaction(ctx, ctx.spec.database))
+        time.sleep(0.2)
+    finishing.join()
+    assert outcomes == [DependencyFailureSuspected.TYPE]
+    assert longest_open < 2.0, f"a transaction stayed open {longest_open:.1f} s while the sim answered"
 
 
 def _opened_while_the_sim_is_down(
