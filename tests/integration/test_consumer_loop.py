@@ -21,14 +21,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 from flotilla import deadletter
-from flotilla.bootstrap import ensure_database
-from flotilla.consumer import ConsumerLoop, migrate
+from flotilla.consumer import ConsumerLoop
 from flotilla.contracts import load_contracts
 from flotilla.envelope import Envelope
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
 from flotilla.workflow import Budgets
+from tests.support.databases import migrated_database
 from tests.support.producing import ordered_producer
 
 from .kafka_wait import wait_for
@@ -42,10 +42,7 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def database(stack: StackSettings) -> str:
-    ensure_database(stack, DB)
-    with psycopg.connect(stack.pg_dsn(DB), autocommit=True) as conn:
-        migrate(conn)
-    return DB
+    return migrated_database(stack, DB)
 
 
 @pytest.fixture()

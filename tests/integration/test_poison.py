@@ -22,8 +22,6 @@ from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flotilla.bootstrap import ensure_database
-from flotilla.consumer import migrate
 from flotilla.envelope import Envelope
 from flotilla.registry import registry_client
 from flotilla.serde import AvroSerde
@@ -31,6 +29,7 @@ from flotilla.settings import StackSettings
 from services.audit.chain import Signer
 from services.audit.recorder import Recorder
 from tests.integration.kafka_wait import fresh_topic
+from tests.support.databases import migrated_database
 from tests.support.messages import FakeMessage
 
 from .kafka_wait import header, wait_for
@@ -80,10 +79,7 @@ def poison_ids(registry: SchemaRegistryClient, serde: AvroSerde) -> dict[str, in
 
 @pytest.fixture(scope="module")
 def database(stack: StackSettings) -> str:
-    ensure_database(stack, DB)
-    with psycopg.connect(stack.pg_dsn(DB), autocommit=True) as conn:
-        migrate(conn)
-    return DB
+    return migrated_database(stack, DB)
 
 
 @pytest.fixture()

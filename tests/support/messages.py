@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flotilla import Envelope
+
 
 class FakeMessage:
     """The accessors of a record as consumers read it: topic, partition, offset, key,
@@ -47,3 +49,21 @@ class FakeMessage:
 
     def error(self) -> None:
         return None
+
+
+SAMPLE_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def sample_envelope(**overrides: object) -> Envelope:
+    """A fully populated envelope with fixed values (a latency fact of incident-204)."""
+    fields: dict[str, object] = {
+        "type": "dev.flotilla.incidents.ServiceLatencyIncreased",
+        "source": "/agents/health",
+        "correlationid": "incident-204",
+        "id": "6f1c1b52-8a55-4d55-9c69-5e0f4b1e2a10",
+        "time": "2024-05-01T12:00:00.123Z",
+        "hops": 7,
+        "traceparent": SAMPLE_TRACEPARENT,
+    }
+    fields.update(overrides)
+    return Envelope(**fields)  # type: ignore[arg-type]

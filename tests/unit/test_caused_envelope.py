@@ -10,25 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flotilla.envelope import DEFAULT_HOPS, SPEC_VERSION, Envelope, child_traceparent
+from tests.support.messages import sample_envelope
 
 W3C = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN = "b7ad6b7169203331"
 PARENT_TP = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
-
-
-def _parent(**overrides: object) -> Envelope:
-    fields: dict[str, object] = {
-        "type": "dev.flotilla.incidents.ServiceLatencyIncreased",
-        "source": "/agents/health",
-        "correlationid": "incident-204",
-        "id": "6f1c1b52-8a55-4d55-9c69-5e0f4b1e2a10",
-        "time": "2024-05-01T12:00:00.123Z",
-        "hops": 7,
-        "traceparent": PARENT_TP,
-    }
-    fields.update(overrides)
-    return Envelope(**fields)  # type: ignore[arg-type]
 
 
 def _parts(traceparent: str) -> tuple[str, str, str]:
@@ -37,8 +24,8 @@ def _parts(traceparent: str) -> tuple[str, str, str]:
     return match.group(1), match.group(2), match.group(3)
 
 
-def test_caused_links_the_child_to_its_parent() -> None:
-    parent = _parent()
+def test_caused_links_the_child_to_itssample_envelope() -> None:
+    parent = sample_envelope()
     child = parent.caused("dev.flotilla.incidents.DiagnosisRequested", "/agents/diagnostic")
     assert child.type == "dev.flotilla.incidents.DiagnosisRequested"
     assert child.source == "/agents/diagnostic"
@@ -51,7 +38,7 @@ def test_caused_links_the_child_to_its_parent() -> None:
 
 
 def test_caused_continues_the_trace_with_a_new_span() -> None:
-    child = _parent().caused("t", "/s")
+    child = sample_envelope().caused("t", "/s")
     trace, span, flags = _parts(child.traceparent)
     assert trace == PARENT_TRACE
     assert span != PARENT_SPAN
@@ -59,18 +46,18 @@ def test_caused_continues_the_trace_with_a_new_span() -> None:
 
 
 def test_caused_keeps_the_trace_flags() -> None:
-    child = _parent(traceparent=f"00-{PARENT_TRACE}-{PARENT_SPAN}-00").caused("t", "/s")
+    child = sample_envelope(traceparent=f"00-{PARENT_TRACE}-{PARENT_SPAN}-00").caused("t", "/s")
     assert _parts(child.traceparent)[::2] == (PARENT_TRACE, "00")
 
 
 def test_caused_uses_a_given_id() -> None:
-    child = _parent().caused("t", "/s", id="fixed-id")
+    child = sample_envelope().caused("t", "/s", id="fixed-id")
     assert child.id == "fixed-id"
-    assert child.causationid == _parent().id
+    assert child.causationid == sample_envelope().id
 
 
 def test_two_children_of_one_parent_are_distinct() -> None:
-    parent = _parent()
+    parent = sample_envelope()
     a = parent.caused("t", "/s")
     b = parent.caused("t", "/s")
     assert a.id != b.id
@@ -78,28 +65,28 @@ def test_two_children_of_one_parent_are_distinct() -> None:
     assert a.causationid == b.causationid == parent.id
 
 
-def test_caused_does_not_touch_the_parent() -> None:
-    parent = _parent()
+def test_caused_does_not_touch_thesample_envelope() -> None:
+    parent = sample_envelope()
     before = parent.headers()
     parent.caused("t", "/s")
     assert parent.headers() == before
 
 
 def test_a_parent_with_no_trace_starts_a_fresh_one() -> None:
-    child = _parent(traceparent="").caused("t", "/s")
+    child = sample_envelope(traceparent="").caused("t", "/s")
     _parts(child.traceparent)
 
 
 def test_caused_headers_round_trip() -> None:
-    child = _parent().caused("t", "/s")
+    child = sample_envelope().caused("t", "/s")
     assert Envelope.from_headers(child.headers()) == child
-    assert dict(child.headers())["ce_causationid"] == _parent().id.encode()
+    assert dict(child.headers())["ce_causationid"] == sample_envelope().id.encode()
 
 
 # ------------------------------------------------------------------- child_traceparent
 
 
-def test_child_traceparent_of_a_valid_parent() -> None:
+def test_child_traceparent_of_a_validsample_envelope() -> None:
     trace, span, flags = _parts(child_traceparent(PARENT_TP))
     assert (trace, flags) == (PARENT_TRACE, "01")
     assert span != PARENT_SPAN
@@ -142,7 +129,7 @@ def test_fresh_traces_differ() -> None:
     hops=st.integers(min_value=-5, max_value=DEFAULT_HOPS * 4),
 )
 def test_a_causation_chain_spends_one_hop_per_link_and_keeps_the_trace(n: int, hops: int) -> None:
-    root = _parent(hops=hops)
+    root = sample_envelope(hops=hops)
     env = root
     ids = [root.id]
     for i in range(n):

@@ -18,23 +18,10 @@ from flotilla.envelope import (
     header_pairs,
     new_traceparent,
 )
+from tests.support.messages import sample_envelope
 
 TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01")
 REQUIRED = ("ce_id", "ce_type", "ce_source", "ce_correlationid", "ce_hops")
-
-
-def _envelope(**overrides: object) -> Envelope:
-    fields: dict[str, object] = {
-        "type": "dev.flotilla.incidents.ServiceLatencyIncreased",
-        "source": "/agents/health",
-        "correlationid": "incident-204",
-        "id": "6f1c1b52-8a55-4d55-9c69-5e0f4b1e2a10",
-        "time": "2024-05-01T12:00:00.123Z",
-        "hops": 7,
-        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-    }
-    fields.update(overrides)
-    return Envelope(**fields)
 
 
 def _without(headers: list[tuple[str, bytes]], *names: str) -> list[tuple[str, bytes]]:
@@ -45,7 +32,7 @@ def _without(headers: list[tuple[str, bytes]], *names: str) -> list[tuple[str, b
 
 
 def test_headers_carry_every_attribute_as_bytes() -> None:
-    env = _envelope(causationid="cause-1")
+    env = sample_envelope(causationid="cause-1")
     headers = env.headers()
     assert all(isinstance(v, bytes) for _, v in headers)
     as_dict = dict(headers)
@@ -67,7 +54,7 @@ def test_headers_carry_every_attribute_as_bytes() -> None:
 
 
 def test_headers_omit_causationid_when_none() -> None:
-    names = [k for k, _ in _envelope(causationid=None).headers()]
+    names = [k for k, _ in sample_envelope(causationid=None).headers()]
     assert "ce_causationid" not in names
     assert set(names) == {
         "ce_specversion",
@@ -99,23 +86,23 @@ def test_defaults_fill_id_time_hops_and_traceparent() -> None:
 
 
 def test_round_trip_through_header_pairs() -> None:
-    for env in (_envelope(), _envelope(causationid="cause-9", hops=0, specversion="1.0")):
+    for env in (sample_envelope(), sample_envelope(causationid="cause-9", hops=0, specversion="1.0")):
         assert Envelope.from_headers(env.headers()) == env
 
 
 def test_round_trip_from_a_dict_of_str_values() -> None:
-    env = _envelope(causationid="cause-2")
+    env = sample_envelope(causationid="cause-2")
     as_str = {k: v.decode() for k, v in env.headers()}
     assert Envelope.from_headers(as_str) == env
 
 
 def test_round_trip_from_a_dict_of_bytes_values() -> None:
-    env = _envelope()
+    env = sample_envelope()
     assert Envelope.from_headers(dict(env.headers())) == env
 
 
 def test_from_headers_ignores_foreign_and_none_headers() -> None:
-    env = _envelope()
+    env = sample_envelope()
     headers: list[tuple[str, str | bytes | None]] = [
         ("traceparent", b"ignored"),
         ("x-other", "value"),
@@ -128,7 +115,7 @@ def test_from_headers_ignores_foreign_and_none_headers() -> None:
 
 
 def test_from_headers_fills_optional_attributes_when_absent() -> None:
-    headers = _without(_envelope().headers(), "ce_time", "ce_traceparent", "ce_specversion", "ce_causationid")
+    headers = _without(sample_envelope().headers(), "ce_time", "ce_traceparent", "ce_specversion", "ce_causationid")
     back = Envelope.from_headers(headers)
     assert back.time == ""
     assert back.traceparent == ""
@@ -146,7 +133,7 @@ def test_header_pairs_normalises_every_shape() -> None:
 
 @pytest.mark.parametrize("absent", [(name,) for name in REQUIRED] + [("ce_id", "ce_hops"), REQUIRED])
 def test_missing_required_headers_are_named(absent: tuple[str, ...]) -> None:
-    headers = _without(_envelope().headers(), *absent)
+    headers = _without(sample_envelope().headers(), *absent)
     with pytest.raises(ValueError, match="missing CloudEvents header") as info:
         Envelope.from_headers(headers)
     message = str(info.value)
@@ -166,14 +153,14 @@ def test_no_headers_at_all_names_every_required_one() -> None:
 
 
 def test_a_none_required_header_counts_as_missing() -> None:
-    headers: list[tuple[str, bytes | None]] = [*_without(_envelope().headers(), "ce_type"), ("ce_type", None)]
+    headers: list[tuple[str, bytes | None]] = [*_without(sample_envelope().headers(), "ce_type"), ("ce_type", None)]
     with pytest.raises(ValueError, match="ce_type"):
         Envelope.from_headers(headers)
 
 
 @pytest.mark.parametrize("hops", [b"many", b"", b"1.5", b"0x10"])
 def test_non_integer_hops_is_refused(hops: bytes) -> None:
-    headers = [*_without(_envelope().headers(), "ce_hops"), ("ce_hops", hops)]
+    headers = [*_without(sample_envelope().headers(), "ce_hops"), ("ce_hops", hops)]
     with pytest.raises(ValueError, match="ce_hops is not an integer") as info:
         Envelope.from_headers(headers)
     assert repr(hops.decode()) in str(info.value)
