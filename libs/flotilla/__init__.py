@@ -21,7 +21,7 @@ modules: ``records`` (the typed records, generated from ``schemas/``), ``command
 - ``provision``: ``python -m flotilla.provision``, a stack made ready for a fleet in one run
 """
 
-from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
+from flotilla.bootstrap import bootstrap_outbox, ensure_database
 from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register_all, subject_for
 from flotilla.deadletter import DeadLetter, Reason, dlq_topic
@@ -29,7 +29,7 @@ from flotilla.deferred import MIGRATION as DEFERRED_WORK_MIGRATION
 from flotilla.deferred import Finish, Work, Worker, defer
 from flotilla.digest import command_digest
 from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
-from flotilla.escalations import ON_CALL, escalation
+from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused, Report
 from flotilla.http import create_app
 from flotilla.outbox import Outbox
@@ -69,7 +69,6 @@ from flotilla.workflow import (
 __all__ = [
     "DEFAULT_HOPS",
     "DEFERRED_WORK_MIGRATION",
-    "ON_CALL",
     "AfterCommit",
     "AvroSerde",
     "BudgetKind",
@@ -124,7 +123,6 @@ __all__ = [
     "load_settings",
     "migrate",
     "new_traceparent",
-    "open_pool",
     "project_path",
     "register_all",
     "registry_client",
