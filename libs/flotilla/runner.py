@@ -16,10 +16,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
+from confluent_kafka.admin import AdminClient
 from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
 
@@ -31,6 +32,7 @@ from flotilla.handling import Handler
 from flotilla.http import create_app, database_ready, serve_http
 from flotilla.outbox import Outbox, allow_topics
 from flotilla.registry import registry_client
+from flotilla.retention import Retention, dedupe_window, prune, topic_retention_ms
 from flotilla.serde import AvroSerde
 from flotilla.settings import ServiceSettings
 from flotilla.typedrecord import Record
@@ -155,6 +157,37 @@ def start_periodic(ctx: ServiceContext) -> list[threading.Thread]:
     return threads
 
 
+def service_retention(ctx: ServiceContext) -> Retention:
+    """What this service may prune: dedupe claims once no consumed topic can deliver their
+    record again (read from the brokers; kept for ever if they cannot be asked), outbox rows
+    after ``outbox_retention_hours``."""
+    settings = ctx.settings
+    try:
+        kept = topic_retention_ms(AdminClient(settings.kafka_client()), ctx.spec.topics)
+        window = dedupe_window(kept.values(), margin=timedelta(hours=settings.dedupe_margin_hours))
+    except Exception as exc:  # no answer about retention: prune nothing that dedupe needs
+        log.warning("topic retention unknown (%s): dedupe claims are kept", exc)
+        window = None
+    outbox = timedelta(hours=settings.outbox_retention_hours) if ctx.spec.publishes else None
+    return Retention(dedupe=window, outbox=outbox)
+
+
+def _start_retention(ctx: ServiceContext) -> threading.Thread:
+    retention = service_retention(ctx)
+    log.info("retention: dedupe claims %s, outbox rows %s", retention.dedupe or "kept", retention.outbox or "-")
+
+    def prune_tables(ctx: ServiceContext) -> None:
+        with ctx.pool.connection() as conn:
+            prune(conn, retention, ctx.now(), service=ctx.spec.name)
+
+    thread = threading.Thread(
+        target=_run_periodic, args=(ctx, ctx.settings.retention_interval_seconds, prune_tables), daemon=True
+    )
+    thread.name = "retention"
+    thread.start()
+    return thread
+
+
 def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
     """Run ``spec`` until SIGTERM/SIGINT (blocking)."""
     settings = settings or ServiceSettings.load(service_name=spec.name, service_database=spec.database)
@@ -168,7 +201,7 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
         if spec.routes is not None:
             spec.routes(app, ctx)
         server = serve_http(app, settings.http_host, settings.http_port)
-    threads = start_periodic(ctx)
+    threads = [*start_periodic(ctx), _start_retention(ctx)]
     log.info("%s started (topics: %s, http: %s)", spec.name, ", ".join(spec.topics) or "-", settings.http_port or "-")
     try:
         if loop is not None:

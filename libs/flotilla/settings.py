@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Where a Kafka client connects: a bare bootstrap address (local stack, tests) or the
@@ -151,6 +151,12 @@ class ServiceSettings(StackSettings):
     http_host: str = "127.0.0.1"
     http_port: int = 0  # 0: no HTTP server
     log_level: str = "INFO"
+    # Retention (flotilla.retention): outbox rows are the service's own record of what it
+    # sent, kept this long; dedupe claims outlast the consumed topics' retention by the
+    # margin; the pruning task runs this often.
+    outbox_retention_hours: float = Field(24.0, gt=0)
+    dedupe_margin_hours: float = Field(24.0, gt=0)
+    retention_interval_seconds: float = Field(300.0, gt=0)
 
     @classmethod
     def load(cls, **overrides: Any) -> Self:

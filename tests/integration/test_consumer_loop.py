@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from flotilla import deadletter
 from flotilla.consumer import ConsumerLoop
 from flotilla.contracts import load_contracts
 from flotilla.envelope import Envelope
+from flotilla.retention import Retention, dedupe_window, prune, topic_retention_ms
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from flotilla.tailing import header
@@ -335,3 +337,59 @@ def test_sigterm_mid_batch_loses_and_duplicates_nothing(
         pool.close()
     handled = [e for e in effects(stack) if e in set(ids)]
     assert sorted(handled) == sorted(ids)  # nothing lost, nothing twice
+
+
+def test_a_duplicate_older_than_the_prune_point_still_has_no_effect(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    """The dedupe claim of a handled record is pruned (it aged past the window); the same
+    record delivered again is then refused by the incident's state, not the claim."""
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    payload, env = fact(serde, incident)
+    produce(stack, topic, [(incident, payload, env.headers())])
+    loop, pool = build_loop(stack, topic=topic, database=database, group=f"g-{topic}")
+    try:
+        drain(loop, 1)
+        assert effects(stack, incident) == [env.id]
+        with pool.connection() as conn:
+            conn.execute(
+                "UPDATE processed_events SET processed_at = now() - interval '30 days' WHERE event_id = %s", (env.id,)
+            )
+            removed = prune(conn, Retention(dedupe=timedelta(days=8), outbox=None), datetime.now(UTC), service="it")
+            assert removed["processed_events"] >= 1
+            assert conn.execute("SELECT count(*) FROM processed_events WHERE event_id = %s", (env.id,)).fetchone() == (
+                0,
+            )
+        produce(stack, topic, [(incident, payload, env.headers())])  # the same record, again
+        drain(loop, 1)
+    finally:
+        pool.close()
+    assert effects(stack, incident) == [env.id]  # no second effect
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        stale = conn.execute("SELECT status FROM stale_transitions WHERE event_id = %s", (env.id,)).fetchall()
+    assert stale == [("DETECTED",)]  # the incident had moved on: the copy was a stale transition
+    assert outbox_types(stack, incident) == ["dev.flotilla.incidents.DiagnosisRequested"]  # nothing emitted twice
+
+
+def test_prune_keeps_what_is_young_and_the_window_follows_the_topics_retention(
+    stack: StackSettings, database: str, topic: str
+) -> None:
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    kept = topic_retention_ms(admin, [topic, "incidents.dlq"])
+    assert kept["incidents.dlq"] == 14 * 24 * 3600 * 1000
+    assert dedupe_window(kept.values(), margin=timedelta(days=1)) == timedelta(days=15)
+    with psycopg.connect(stack.pg_dsn(database), autocommit=True) as conn:
+        young, old = str(uuid.uuid4()), str(uuid.uuid4())
+        for event_id, age in ((young, "1 hour"), (old, "10 days")):
+            conn.execute(
+                "INSERT INTO processed_events (consumer, event_id, record_type, outcome, processed_at) "
+                "VALUES ('it-prune', %s, 't', 'handled', now() - %s::interval)",
+                (event_id, age),
+            )
+        prune(conn, Retention(dedupe=timedelta(days=8), outbox=timedelta(days=1)), datetime.now(UTC), service="it")
+        left = {r[0] for r in conn.execute("SELECT event_id FROM processed_events WHERE consumer = 'it-prune'")}
+        assert left == {young}
+        prune(conn, Retention(dedupe=None, outbox=None), datetime.now(UTC) + timedelta(days=365), service="it")
+        assert {r[0] for r in conn.execute("SELECT event_id FROM processed_events WHERE consumer = 'it-prune'")} == {
+            young
+        }  # a window of None never prunes claims
