@@ -55,7 +55,7 @@ COPY --from=builder /opt/flotilla /opt/flotilla
 
 WORKDIR /app
 # Read at run time from these paths (the installed packages cannot find the repository's
-# folders next to themselves): the contracts for `python -m flotilla.contracts` and
+# folders next to themselves): the contracts for `python -m flotilla.schemas` and
 # `python -m flotilla.provision`, the policies for the policy service, the demo for the
 # one-shot `incident` job of docker compose.
 COPY schemas ./schemas

@@ -62,7 +62,7 @@ stack-status: $(STAMP) ## Each component: up/down, endpoint, version, log file
 	$(STACKCTL) status
 
 schemas: $(STAMP) ## Register every contract in schemas/ with the registry
-	@$(PY) -m flotilla.contracts --quiet
+	@$(PY) -m flotilla.schemas --quiet
 
 lint: $(STAMP) ## ruff (lint + format check), mypy, the import layers (pyproject [tool.importlinter]), current typed records
 	$(VENV)/bin/ruff check .

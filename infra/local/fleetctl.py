@@ -20,6 +20,13 @@ the first time ``up`` runs and reused ever after, and each member gets only what
   only the audit holds it, and its public key is the one key ``/verify`` trusts.
 
 ``sim-token-file`` and ``secrets-dir`` print where they are, for tests that act as a member.
+
+Replicas: ``FLOTILLA_FLEET_REPLICAS=2`` runs two processes of every service with a
+consumer loop (``executor=3,policy-service=2`` names them one by one). Replica ``i`` (from
+0) is the program ``<name>`` or ``<name>-<i>``, listens on the member's port + 100·i and
+is ``FLOTILLA_INSTANCE_ID=<name>-<i>``; all of them share the member's database and
+consumer group, so Kafka spreads the partitions across them, and the executor's leases
+keep one actor per resource. The sim and the console stay single.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import stackctl  # same folder: run as a script, its folder is on sys.path
 from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 
 from flotilla import stackcheck
-from flotilla.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
+from flotilla.fleet import AUDIT, CONSOLE, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
 from flotilla.keys import KeyMaterialError, load_or_create, public_key_text
 from flotilla.settings import load_settings
 
@@ -130,6 +137,70 @@ def _say(msg: str) -> None:
     print(f"[fleet] {msg}", flush=True)
 
 
+REPLICAS = "FLOTILLA_FLEET_REPLICAS"
+SINGLE = frozenset({SIM.name, CONSOLE.name})  # the pretend production, and sessions held in one process
+REPLICA_PORT_STEP = 100
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One process of a member: replica ``index`` of ``member``."""
+
+    member: Member
+    index: int
+
+    @property
+    def program(self) -> str:
+        return self.member.name if self.index == 0 else f"{self.member.name}-{self.index}"
+
+    @property
+    def port(self) -> int:
+        return self.member.http_port + REPLICA_PORT_STEP * self.index
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def replica_counts(text: str | None) -> dict[str, int]:
+    """``FLOTILLA_FLEET_REPLICAS``: a count for every service with a consumer loop (``2``),
+    or per member (``executor=3,policy-service=2``); unnamed members run one process."""
+    counts = {m.name: 1 for m in FLEET}
+    if not text or not text.strip():
+        return counts
+    spec = text.strip()
+    pairs = (
+        [(m.name, spec) for m in FLEET if m.name not in SINGLE]
+        if "=" not in spec
+        else [tuple(part.split("=", 1)) for part in spec.split(",") if part.strip()]
+    )
+    for name, count in pairs:
+        name, count = name.strip(), str(count).strip()
+        if name not in counts:
+            raise StackError(f"{REPLICAS}: no fleet member named {name!r}; members: {', '.join(counts)}")
+        if not count.isdigit() or not 1 <= int(count) <= 8:
+            raise StackError(f"{REPLICAS}: {name}={count} is not a replica count from 1 to 8")
+        if name in SINGLE and int(count) != 1:
+            raise StackError(f"{REPLICAS}: {name} runs as one process (it has no consumer group to share)")
+        counts[name] = int(count)
+    return counts
+
+
+def running_instances() -> list[Instance]:
+    """The processes of the fleet as it runs (its supervisor's programs), else as configured."""
+    programs = set(SUPERVISOR.states())
+    if not programs:
+        return instances()
+    by_program = {Instance(m, i).program: Instance(m, i) for m in FLEET for i in range(8)}
+    return [by_program[p] for p in by_program if p in programs]
+
+
+def instances(counts: dict[str, int] | None = None) -> list[Instance]:
+    """Every process of the fleet, members in fleet order, replicas in index order."""
+    counts = counts if counts is not None else replica_counts(os.environ.get(REPLICAS))
+    return [Instance(m, i) for m in FLEET for i in range(counts[m.name])]
+
+
 def sim_action_token(path: Path = SIM_ACTION_TOKEN_FILE) -> str:
     """The local fleet's sim action token: 32 random bytes, made once and then reused, so
     a member restarted alone still holds the token its peer has. Mode 0600 in a 0700
@@ -155,19 +226,22 @@ def sim_action_token(path: Path = SIM_ACTION_TOKEN_FILE) -> str:
     return token
 
 
-def member_env(member: Member, fleet_secrets: FleetSecrets) -> dict[str, str]:
-    """The environment of one member's process: the stack's settings plus its own, and
-    the fleet's secrets that member holds (:meth:`FleetSecrets.for_member`)."""
+def member_env(member: Member, fleet_secrets: FleetSecrets, index: int = 0) -> dict[str, str]:
+    """The environment of one member's process (replica ``index``): the stack's settings
+    plus its own, and the fleet's secrets that member holds (:meth:`FleetSecrets.for_member`)."""
+    instance = Instance(member, index)
     env = {
         "FLOTILLA_ENV_FILE": str(stackctl.ENV_FILE),
         "FLOTILLA_SERVICE_NAME": member.name,
-        "FLOTILLA_HTTP_PORT": str(member.http_port),
+        "FLOTILLA_HTTP_PORT": str(instance.port),
         "FLOTILLA_SIM_PORT": str(FLEET[0].http_port),
         "FLOTILLA_SIM_URL": url(FLEET[0]),
         "PYTHONUNBUFFERED": "1",
     }
     if member.database:
         env["FLOTILLA_SERVICE_DATABASE"] = member.database
+    if index:
+        env["FLOTILLA_INSTANCE_ID"] = instance.program
     env.update(fleet_secrets.for_member(member))
     # Demo-friendly defaults an operator can override from the calling environment (not
     # the fleet's secrets: those are its own files, and every member would get them).
@@ -193,13 +267,14 @@ def _quoted(key: str, value: str) -> str:
     raise StackError(f"{key} cannot be passed through supervisord (it mixes quote characters); use a file setting")
 
 
-def _config(fleet_secrets: FleetSecrets) -> str:
+def _config(fleet_secrets: FleetSecrets, processes: list[Instance] | None = None) -> str:
     parts = [SUPERVISOR.header(LOGS, pwd.getpwuid(os.geteuid()).pw_name)]
-    for member in FLEET:
-        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member, fleet_secrets).items())
+    for instance in processes if processes is not None else instances():
+        member = instance.member
+        env = ",".join(f"{k}={_quoted(k, v)}" for k, v in member_env(member, fleet_secrets, instance.index).items())
         parts.append(
             f"""
-[program:{member.name}]
+[program:{instance.program}]
 command={sys.executable} -m {member.module}
 directory={REPO_ROOT}
 autostart=false
@@ -208,7 +283,7 @@ startsecs=1
 stopsignal=TERM
 stopwaitsecs=30
 redirect_stderr=true
-stdout_logfile={LOGS / (member.name + ".log")}
+stdout_logfile={LOGS / (instance.program + ".log")}
 environment={env}
 """
         )
@@ -223,21 +298,22 @@ def write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def ready(member: Member) -> bool:
-    path = "/healthz" if member.database is None else "/readyz"
+def ready(member: Member | Instance) -> bool:
+    instance = member if isinstance(member, Instance) else Instance(member, 0)
+    path = "/healthz" if instance.member.database is None else "/readyz"
     try:
-        with urllib.request.urlopen(url(member) + path, timeout=2) as resp:
+        with urllib.request.urlopen(instance.url + path, timeout=2) as resp:
             return bool(resp.status == 200)
     except Exception:
         return False
 
 
-def _wait_ready(member: Member) -> None:
+def _wait_ready(instance: Instance) -> None:
     SUPERVISOR.wait_until_up(
-        member.name,
-        lambda: ready(member),
-        endpoint=url(member),
-        log=LOGS / f"{member.name}.log",
+        instance.program,
+        lambda: ready(instance),
+        endpoint=instance.url,
+        log=LOGS / f"{instance.program}.log",
         timeout=START_TIMEOUT_S,
         interval=0.3,
     )
@@ -248,24 +324,31 @@ def up() -> None:
     down_parts = stackcheck.problems(load_settings(stackctl.ENV_FILE)) if stackctl.ENV_FILE.exists() else {"all": "-"}
     if down_parts:
         raise StackError(f"the stack is not up ({', '.join(down_parts)}): run `make stack-up` first")
-    subprocess.run([sys.executable, "-m", "flotilla.contracts"], check=True, capture_output=True, cwd=REPO_ROOT)
-    if not SUPERVISOR.running():
-        for member in FLEET:
-            if stackctl._port_in_use(member.http_port):
+    subprocess.run([sys.executable, "-m", "flotilla.schemas"], check=True, capture_output=True, cwd=REPO_ROOT)
+    processes = instances()
+    already = SUPERVISOR.running()
+    if not already:
+        for instance in processes:
+            if stackctl._port_in_use(instance.port):
                 raise StackError(
-                    f"port {member.http_port} for {member.name} is held by "
-                    f"{stackctl._port_holder(member.http_port)}, not by this fleet"
+                    f"port {instance.port} for {instance.program} is held by "
+                    f"{stackctl._port_holder(instance.port)}, not by this fleet"
                 )
         FLEET_RUN.mkdir(parents=True, exist_ok=True)
-        write_private(SUPERVISOR.conf, _config(FleetSecrets.ensure()))
+        write_private(SUPERVISOR.conf, _config(FleetSecrets.ensure(), processes))
         SUPERVISOR.launch(LOGS / "supervisord-fleet-start.log")
     states = SUPERVISOR.states()
-    to_start = [m for m in FLEET if states.get(m.name) != "RUNNING"]
+    missing = [i.program for i in processes if i.program not in states]
+    if already and missing:
+        raise StackError(
+            f"the running fleet has no {', '.join(missing)} (started with other replicas): run `make fleet-down` first"
+        )
+    to_start = [i.program for i in processes if states.get(i.program) != "RUNNING"]
     if to_start:
-        SUPERVISOR.ctl("start", *[m.name for m in to_start], check=False)
-    for member in FLEET:
-        _wait_ready(member)
-        _say(f"{member.name:<18} ready on {url(member)}")
+        SUPERVISOR.ctl("start", *to_start, check=False)
+    for instance in processes:
+        _wait_ready(instance)
+        _say(f"{instance.program:<20} ready on {instance.url}")
     _say(f"fleet up in {time.monotonic() - started:.1f}s; logs in {LOGS}")
 
 
@@ -273,33 +356,34 @@ def down() -> None:
     if not SUPERVISOR.running():
         _say("fleet is not running")
         return
-    SUPERVISOR.shutdown([m.name for m in reversed(FLEET)])
+    SUPERVISOR.shutdown(list(reversed(SUPERVISOR.states())))
     _say("fleet stopped")
 
 
 def restart(service: str | None) -> None:
     """Restart one member (or all) and wait until it is ready again."""
-    members = [m for m in FLEET if service in (None, m.name)]
-    if not members:
-        raise StackError(f"no fleet member named {service!r}; members: {', '.join(m.name for m in FLEET)}")
-    SUPERVISOR.ctl("restart", *[m.name for m in members])
-    for member in members:
-        _wait_ready(member)
-    _say(f"restarted {', '.join(m.name for m in members)}")
+    chosen = [i for i in running_instances() if service in (None, i.program)]
+    if not chosen:
+        names = ", ".join(i.program for i in running_instances())
+        raise StackError(f"no fleet process named {service!r}; processes: {names}")
+    SUPERVISOR.ctl("restart", *[i.program for i in chosen])
+    for instance in chosen:
+        _wait_ready(instance)
+    _say(f"restarted {', '.join(i.program for i in chosen)}")
 
 
 def status(as_json: bool) -> int:
     states = SUPERVISOR.states()
     rows = [
         {
-            "service": m.name,
-            "state": "up" if ready(m) else "down",
-            "supervisor": states.get(m.name, "-"),
-            "endpoint": url(m),
-            "database": m.database or "-",
-            "log": str(LOGS / f"{m.name}.log"),
+            "service": i.program,
+            "state": "up" if ready(i) else "down",
+            "supervisor": states.get(i.program, "-"),
+            "endpoint": i.url,
+            "database": i.member.database or "-",
+            "log": str(LOGS / f"{i.program}.log"),
         }
-        for m in FLEET
+        for i in running_instances()
     ]
     if as_json:
         print(json.dumps(rows, indent=2))

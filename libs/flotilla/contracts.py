@@ -282,12 +282,12 @@ def check_all(client: SchemaRegistryClient, root: Path | None = None) -> list[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m flotilla.contracts``: register every contract, print subject → id.
+    """``python -m flotilla.schemas``: register every contract, print subject → id.
 
     ``--check`` only asks the registry whether each contract would be accepted (a CI
     gate for schema changes) and registers nothing.
     """
-    parser = argparse.ArgumentParser(prog="python -m flotilla.contracts", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flotilla.schemas", description=main.__doc__)
     parser.add_argument("--check", action="store_true", help="check compatibility only; register nothing")
     parser.add_argument("--quiet", action="store_true", help="one summary line instead of a line per subject")
     args = parser.parse_args(argv)
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except IncompatibleSchemaError as exc:
         raise SystemExit(f"error: {exc}") from None
     if args.quiet:
-        print(f"[schemas] {len(ids)} contracts registered (python -m flotilla.contracts lists them)")
+        print(f"[schemas] {len(ids)} contracts registered (python -m flotilla.schemas lists them)")
         return
     for subject, schema_id in ids.items():
         print(f"{subject} -> id {schema_id}")

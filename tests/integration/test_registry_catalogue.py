@@ -169,7 +169,7 @@ def test_register_all_is_idempotent(registry: SchemaRegistryClient) -> None:
 
 def test_the_cli_registers_and_checks_the_catalogue(registry: SchemaRegistryClient) -> None:
     """What ``make schemas`` runs, and its ``--check`` gate."""
-    command = [sys.executable, "-m", "flotilla.contracts"]
+    command = [sys.executable, "-m", "flotilla.schemas"]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     printed = dict(line.split(" -> id ") for line in done.stdout.splitlines())

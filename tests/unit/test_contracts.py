@@ -462,7 +462,7 @@ def test_main_registers_and_prints_ids(fake_registry: list[Any], capsys: pytest.
     contracts_module.main([])
     assert capsys.readouterr().out == "alpha-n.A -> id 101\n"
     contracts_module.main(["--quiet"])  # what make schemas (and so make demo) prints
-    assert capsys.readouterr().out == "[schemas] 1 contracts registered (python -m flotilla.contracts lists them)\n"
+    assert capsys.readouterr().out == "[schemas] 1 contracts registered (python -m flotilla.schemas lists them)\n"
 
 
 def test_main_check_registers_nothing(fake_registry: list[Any], capsys: pytest.CaptureFixture[str]) -> None:

@@ -121,3 +121,46 @@ def test_the_supervisor_config_holding_the_token_is_private(fleetctl: ModuleType
     target.chmod(0o644)
     fleetctl.write_private(target, config)
     assert _mode(target) == 0o600 and target.read_text() == config
+
+
+# ---------------------------------------------------------------- replicas
+
+
+def test_replicas_are_counted_for_every_consuming_member_or_by_name(fleetctl: ModuleType) -> None:
+    counts = fleetctl.replica_counts("2")
+    assert counts[SIM.name] == 1 and counts["console"] == 1  # never replicated
+    assert {counts[m.name] for m in FLEET if m.name not in ("sim", "console")} == {2}
+    assert fleetctl.replica_counts("executor=3, policy-service=2") == {
+        **{m.name: 1 for m in FLEET},
+        EXECUTOR.name: 3,
+        POLICY.name: 2,
+    }
+    assert fleetctl.replica_counts(None) == {m.name: 1 for m in FLEET}
+    for bad, says in (
+        ("executor=0", "from 1 to 8"),
+        ("executor=x", "from 1 to 8"),
+        ("nobody=2", "no fleet member named 'nobody'"),
+        ("sim=2", "runs as one process"),
+    ):
+        with pytest.raises(fleetctl.StackError, match=says):
+            fleetctl.replica_counts(bad)
+
+
+def test_each_replica_is_its_own_program_port_and_instance_in_one_group(fleetctl: ModuleType) -> None:
+    token = fleetctl.sim_action_token()
+    processes = fleetctl.instances(fleetctl.replica_counts("executor=2"))
+    executors = [i for i in processes if i.member is EXECUTOR]
+    assert [(i.program, i.port) for i in executors] == [("executor", 18105), ("executor-1", 18205)]
+    config = fleetctl._config(_secrets(fleetctl, token), processes)
+    assert "[program:executor]" in config and "[program:executor-1]" in config
+    second = fleetctl.member_env(EXECUTOR, _secrets(fleetctl, token), 1)
+    first = fleetctl.member_env(EXECUTOR, _secrets(fleetctl, token), 0)
+    assert (second["FLOTILLA_HTTP_PORT"], second["FLOTILLA_INSTANCE_ID"]) == ("18205", "executor-1")
+    assert "FLOTILLA_INSTANCE_ID" not in first
+    # one consumer group and one database: the same service name and database
+    assert (first["FLOTILLA_SERVICE_NAME"], first["FLOTILLA_SERVICE_DATABASE"]) == (
+        second["FLOTILLA_SERVICE_NAME"],
+        second["FLOTILLA_SERVICE_DATABASE"],
+    )
+    ports = [i.port for i in fleetctl.instances(fleetctl.replica_counts("8"))]
+    assert len(ports) == len(set(ports))  # no two processes share a port

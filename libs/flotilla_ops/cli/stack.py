@@ -145,7 +145,7 @@ def demo(
     root = runtime(ctx).project_root
     for step, command in (
         ("stack up", [sys.executable, str(_script(ctx, out, "stackctl.py")), "up"]),
-        ("schemas", [sys.executable, "-m", "flotilla.contracts"]),
+        ("schemas", [sys.executable, "-m", "flotilla.schemas"]),
         ("fleet up", [sys.executable, str(_script(ctx, out, "fleetctl.py")), "up"]),
         ("demo", [sys.executable, str(_script(ctx, out, "demo.py"))]),
     ):
