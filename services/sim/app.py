@@ -123,8 +123,9 @@ def build_app(settings: SimSettings) -> FastAPI:
     the first incident."""
     if settings.sim_action_token is None:
         sys.exit(MISSING_TOKEN)
+    model = SimModel.generated(settings.sim_services) if settings.sim_services else None
     return create_sim_app(
-        action_token=settings.sim_action_token.get_secret_value(), action_seconds=settings.sim_action_seconds
+        model, action_token=settings.sim_action_token.get_secret_value(), action_seconds=settings.sim_action_seconds
     )
 
 
@@ -242,6 +243,16 @@ def create_sim_app(model: SimModel | None = None, *, action_token: str, action_s
             return _error(404, str(exc))
         except (InvalidAction, KeyReused) as exc:
             return _error(422, str(exc))
+
+    @app.get("/action-counts", dependencies=[Depends(executor_only)])
+    def action_counts() -> dict[str, Any]:
+        """Ground truth for exactly-once checks: requests and applications per key."""
+        counts = state.action_counts()
+        return {
+            "keys": counts,
+            "appliedMoreThanOnce": sorted(k for k, c in counts.items() if c["applied"] > 1),
+            "requestedMoreThanOnce": sorted(k for k, c in counts.items() if c["requests"] > 1),
+        }
 
     @app.get("/actions/{idempotency_key:path}", response_model=None, dependencies=[Depends(executor_only)])
     def lookup(idempotency_key: str) -> dict[str, Any] | JSONResponse:

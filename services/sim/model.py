@@ -222,6 +222,54 @@ class SimModel:
             ]
         )
 
+    @classmethod
+    def generated(cls, services: int, *, production_share: float = 0.25) -> SimModel:
+        """A large estate for storms: ``services`` services (a multiple of 2, from 2 to
+        2,000) in pairs, ``shop-NNNN`` calling ``pay-NNNN``, each pair shaped like the
+        demo's checkout-dev path (a slow ``pay-NNNN`` breaches ``shop-NNNN``, and scaling
+        ``shop-NNNN`` recovers it). Pairs alternate environments so that
+        ``production_share`` of them are in ``production`` (a person approves there) and
+        the rest in ``dev``; replicas vary from 2 to 4. Deterministic: the same arguments
+        give the same estate."""
+        if services % 2 or not 2 <= services <= 2000:
+            raise ValueError(f"a generated estate has an even number of services from 2 to 2000, not {services}")
+        if not 0.0 <= production_share <= 1.0:
+            raise ValueError(f"production_share must be from 0 to 1, not {production_share}")
+        pairs = services // 2
+        production_every = round(1 / production_share) if production_share else 0
+        estate: list[Service] = []
+        for i in range(pairs):
+            environment = "production" if production_every and i % production_every == 0 else "dev"
+            replicas = 2 + i % 3
+            estate.append(
+                Service(
+                    f"shop-{i:04d}",
+                    environment=environment,
+                    replicas=replicas,
+                    base_ms=120.0,
+                    load_rps=100.0 * replicas,
+                    pool_per_replica=20,
+                    threshold_ms=500.0,
+                    revision="v41",
+                    previous_revision="v40",
+                    dependencies=[f"pay-{i:04d}"],
+                )
+            )
+            estate.append(
+                Service(
+                    f"pay-{i:04d}",
+                    environment=environment,
+                    replicas=2,
+                    base_ms=35.0,
+                    load_rps=100.0 * replicas,
+                    pool_per_replica=50,
+                    threshold_ms=400.0,
+                    revision="v17",
+                    previous_revision="v16",
+                )
+            )
+        return cls(estate)
+
     def _check_acyclic(self, name: str, path: tuple[str, ...]) -> None:
         if name in path:
             raise ValueError("dependency cycle: " + " -> ".join((*path, name)))

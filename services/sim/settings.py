@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla import ServiceSettings
@@ -17,9 +17,18 @@ class SimSettings(ServiceSettings):
     sim_host: str = "127.0.0.1"
     sim_port: int = SIM.http_port
     sim_action_seconds: float = 0.2  # simulated time every action takes
+    # 0: the demo's topology; N (even, up to 2,000): a generated estate (SimModel.generated)
+    sim_services: int = Field(0, ge=0, le=2000)
     # The bearer token the action API requires (the executor's setting of the same name).
     # No default: the sim does not start without one (services/sim/__main__.py).
     sim_action_token: SecretStr | None = None
+
+    @field_validator("sim_services")
+    @classmethod
+    def _even_estate(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"a generated estate has an even number of services (pairs), not {value}")
+        return value
 
     @field_validator("sim_action_token")
     @classmethod

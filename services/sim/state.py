@@ -76,6 +76,11 @@ class SimState:
         self.action_seconds = action_seconds
         self._sleep = sleep
         self.applied = 0  # actions applied since start or reset (replays excluded)
+        # Ground truth for "exactly once": every action request per idempotency key, and
+        # whether it changed anything. A key requested twice means the executor sent it
+        # again; applied more than once would mean the target acted twice.
+        self._requests: dict[str, int] = {}
+        self._applications: dict[str, int] = {}
 
     # -- reads ---------------------------------------------------------------------
 
@@ -107,6 +112,14 @@ class SimState:
             record = self._records.get(key)
             return dict(record.body) if record is not None else None
 
+    def action_counts(self) -> dict[str, dict[str, int]]:
+        """Per idempotency key: how many action requests arrived and how many applied."""
+        with self._lock:
+            return {
+                key: {"requests": count, "applied": self._applications.get(key, 0)}
+                for key, count in self._requests.items()
+            }
+
     def newest_token(self, resource: str) -> int | None:
         with self._lock:
             return self._newest.get(self._model.resolve(resource))
@@ -128,6 +141,8 @@ class SimState:
             self._records.clear()
             self._newest.clear()
             self.applied = 0
+            self._requests.clear()
+            self._applications.clear()
 
     def perform(
         self,
@@ -146,6 +161,7 @@ class SimState:
         """
         started = time.monotonic()
         with self._lock:
+            self._requests[idempotency_key] = self._requests.get(idempotency_key, 0) + 1
             recorded = self._admit(action, resource, params, idempotency_key, fencing_token)
             if recorded is not None:
                 return recorded
@@ -170,6 +186,7 @@ class SimState:
             }
             self._records[idempotency_key] = _Record(_fingerprint(action, name, params), body, holder, fencing_token)
             self.applied += 1
+            self._applications[idempotency_key] = self._applications.get(idempotency_key, 0) + 1
             return dict(body)
 
     def _admit(

@@ -755,3 +755,36 @@ def test_the_sim_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatc
     (app,) = served
     assert TestClient(app).post("/actions/scale", json=_action()).status_code == 401
     assert TestClient(app, headers=EXECUTOR).post("/actions/scale", json=_action()).status_code == 200
+
+
+def test_a_generated_estate_is_pairs_that_breach_and_recover_like_checkout() -> None:
+    model = SimModel.generated(200, production_share=0.25)
+    assert len(model.names) == 200
+    assert SimModel.generated(200).names == model.names  # deterministic
+    shops = [n for n in model.names if n.startswith("shop-")]
+    environments = [model.service(n).environment for n in shops]
+    assert environments.count("production") == 25 and environments.count("dev") == 75
+    shop, pay = "shop-0007", "pay-0007"
+    assert model.service(shop).dependencies == [pay]
+    healthy = model.describe(shop)["p95Ms"]
+    assert healthy < model.service(shop).threshold_ms
+    model.add_fault(pay, "dependency-slow", None)
+    assert model.describe(shop)["p95Ms"] > model.service(shop).threshold_ms  # the incident
+    assert model.describe("shop-0008")["p95Ms"] == SimModel.generated(200).describe("shop-0008")["p95Ms"]  # only it
+    model.apply("scale", shop, {"replicas": 12})
+    assert model.describe(shop)["p95Ms"] < model.service(shop).threshold_ms  # the recovery the rules propose
+    for bad in (1, 3, 2002):
+        with pytest.raises(ValueError, match="even number"):
+            SimModel.generated(bad)
+
+
+def test_the_sim_counts_action_requests_and_applications_per_key() -> None:
+    client = TestClient(create_sim_app(action_token=ACTION_TOKEN, action_seconds=0), headers=EXECUTOR)
+    first = client.post("/actions/scale", json=_action())
+    again = client.post("/actions/scale", json=_action())  # the same key: a replay, not a second scale
+    assert first.status_code == again.status_code == 200 and again.json()["replayed"]
+    counts = client.get("/action-counts").json()
+    (key,) = counts["keys"]
+    assert counts["keys"][key] == {"requests": 2, "applied": 1}
+    assert counts["appliedMoreThanOnce"] == [] and counts["requestedMoreThanOnce"] == [key]
+    assert TestClient(create_sim_app(action_token=ACTION_TOKEN)).get("/action-counts").status_code == 401
