@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pwd
 import secrets
@@ -97,6 +98,8 @@ class FleetSecrets:
     def ensure(cls) -> FleetSecrets:
         """Made the first time, reused after: a member restarted alone keeps its peers' trust."""
         keys = {}
+        # flotilla.keys logs each key it generates; fleetctl says so itself, once, below.
+        logging.getLogger("flotilla.keys").setLevel(logging.ERROR)
         for path in (AUTHORIZATION_KEY_FILE, PROPOSAL_KEY_FILE, AUDIT_KEY_FILE):
             try:
                 key, created = load_or_create(path)
