@@ -18,12 +18,12 @@ import uuid
 import psycopg
 from flotilla_ops.samples import latency_fact
 
-from flotilla.bootstrap import bootstrap_outbox
+from flotilla.bootstrap import bootstrap_outbox, drop_outbox
 from flotilla.contracts import register_all
 from flotilla.outbox import Outbox
 from flotilla.registry import registry_client
 from flotilla.serde import AvroSerde
-from flotilla.settings import load_settings
+from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import header, tail_consumer
 
 DB = "flotilla_bench"
@@ -34,24 +34,14 @@ def percentile(sorted_ms: list[float], p: float) -> float:
     return sorted_ms[index]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1000)
-    parser.add_argument("--warmup", type=int, default=20)
-    args = parser.parse_args()
-
-    settings = load_settings()
-    client = registry_client(settings.schema_registry_url)
-    register_all(client)
-    serde = AvroSerde(client)
-    outbox = Outbox(serde)
-    bootstrap_outbox(settings, DB)
+def _measure(settings: StackSettings, outbox: Outbox, *, rows: int, warmup: int) -> list[float]:
+    """Milliseconds from each row's commit to its record at a consumer, warm-up excluded."""
     consumer = tail_consumer(settings.kafka_bootstrap, "incidents", **{"fetch.wait.max.ms": 5})
     latencies: list[float] = []
     with psycopg.connect(settings.pg_dsn(DB)) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench_state (incident_id text PRIMARY KEY, seen int NOT NULL)")
         conn.commit()
-        for i in range(args.warmup + args.rows):
+        for i in range(warmup + rows):
             incident = f"incident-bench-{uuid.uuid4().hex[:8]}"
             value, env = latency_fact(incident, source="/flotilla/bench")
             conn.execute("INSERT INTO bench_state VALUES (%s, %s)", (incident, i))
@@ -67,9 +57,28 @@ def main() -> None:
                     break
                 if now > deadline:
                     raise SystemExit(f"row {i} not received within 30 s")
-            if i >= args.warmup:
+            if i >= warmup:
                 latencies.append((now - committed) * 1000)
     consumer.close()
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+
+    settings = load_settings()
+    client = registry_client(settings.schema_registry_url)
+    register_all(client)
+    serde = AvroSerde(client)
+    outbox = Outbox(serde)
+    bootstrap_outbox(settings, DB)
+    try:
+        latencies = _measure(settings, outbox, rows=args.rows, warmup=args.warmup)
+    finally:
+        drop_outbox(settings, DB)  # an idle connector costs ~10 % of a core (docs/operations/observability.md)
     latencies.sort()
     print(f"outbox-commit -> consumer latency over {len(latencies)} rows (after {args.warmup} warm-up rows)")
     print(
