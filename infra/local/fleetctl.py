@@ -143,6 +143,7 @@ def _say(msg: str) -> None:
 REPLICAS = "FLOTILLA_FLEET_REPLICAS"
 SINGLE = frozenset({SIM.name, CONSOLE.name})  # the pretend production, and sessions held in one process
 REPLICA_PORT_STEP = 100
+MAX_REPLICAS = 8  # per member; also bounds the programs running_instances looks for
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,8 @@ def replica_counts(text: str | None) -> dict[str, int]:
         name, count = name.strip(), str(count).strip()
         if name not in counts:
             raise StackError(f"{REPLICAS}: no fleet member named {name!r}; members: {', '.join(counts)}")
-        if not count.isdigit() or not 1 <= int(count) <= 8:
-            raise StackError(f"{REPLICAS}: {name}={count} is not a replica count from 1 to 8")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_REPLICAS:
+            raise StackError(f"{REPLICAS}: {name}={count} is not a replica count from 1 to {MAX_REPLICAS}")
         if name in SINGLE and int(count) != 1:
             raise StackError(f"{REPLICAS}: {name} runs as one process (it has no consumer group to share)")
         counts[name] = int(count)
@@ -194,7 +195,7 @@ def running_instances() -> list[Instance]:
     programs = set(SUPERVISOR.states())
     if not programs:
         return instances()
-    by_program = {Instance(m, i).program: Instance(m, i) for m in FLEET for i in range(8)}
+    by_program = {Instance(m, i).program: Instance(m, i) for m in FLEET for i in range(MAX_REPLICAS)}
     return [by_program[p] for p in by_program if p in programs]
 
 
