@@ -119,6 +119,12 @@ def outbox_connector_config(
         # Rows written before the connector existed are still published (snapshot),
         # then the WAL is streamed.
         "snapshot.mode": "initial",
+        # Needs the worker's exactly.once.source.support=enabled: a batch of rows and the
+        # LSN it reached commit together, so a crash re-publishes nothing (consumers read
+        # committed). Refusing to start without it beats silently falling back to
+        # at-least-once.
+        "exactly.once.support": "required",
+        "transaction.boundary": "poll",
         "poll.interval.ms": str(POLL_INTERVAL_MS),
         "tombstones.on.delete": "false",
         # Only the CloudEvents headers travel; no __debezium.context.* noise.

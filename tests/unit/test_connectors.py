@@ -197,3 +197,20 @@ def test_a_connector_publishes_only_its_services_topics() -> None:
     assert outbox_connector_config("x", topics=("incidents.dlq",))["predicates.declared.pattern"] == r"incidents\.dlq"
     assert outbox_connector_config("x", topics=())["predicates.declared.pattern"] == "(?!)"  # nothing
     assert "predicates" not in outbox_connector_config("x")  # unrestricted: the compose outbox demo
+
+
+def test_outbox_connectors_require_exactly_once_and_every_worker_offers_it() -> None:
+    """A killed Connect worker must neither lose nor re-publish outbox rows (KIP-618): the
+    connectors refuse to run at-least-once, so every Connect we ship enables it."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    config = outbox_connector_config("flotilla_health")
+    assert config["exactly.once.support"] == "required" and config["transaction.boundary"] == "poll"
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())
+    assert compose["services"]["connect"]["environment"]["CONNECT_EXACTLY_ONCE_SOURCE_SUPPORT"] == "enabled"
+    strimzi = yaml.safe_load((root / "infra" / "k8s" / "base" / "connect" / "kafkaconnect.yaml").read_text())
+    assert strimzi["spec"]["config"]["exactly.once.source.support"] == "enabled"
+    assert "exactly.once.source.support=enabled" in (root / "infra" / "local" / "stackctl.py").read_text()

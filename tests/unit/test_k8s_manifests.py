@@ -727,9 +727,10 @@ def _grants(user: dict[str, Any]) -> set[Grant]:
         resource = acl["resource"]
         assert acl.get("type", "allow") == "allow", f"{ident(user)}: deny rules are not used"
         assert acl.get("host", "*") == "*", ident(user)
-        # Literal names only: no `*`, no prefixes, no cluster or transactional-id rights.
+        # Literal names only: no `*`, no prefixes, no cluster rights (transactional ids:
+        # Kafka Connect's exactly-once source, checked below).
         assert resource.get("patternType", "literal") == "literal", f"{ident(user)}: {resource}"
-        assert resource["type"] in ("topic", "group"), f"{ident(user)}: {resource}"
+        assert resource["type"] in ("topic", "group", "transactionalId"), f"{ident(user)}: {resource}"
         assert "*" not in resource["name"], f"{ident(user)}: {resource}"
         found |= {(resource["type"], resource["name"], op) for op in acl["operations"]}
     return found
@@ -831,6 +832,15 @@ def test_kafka_users_grant_exactly_what_each_client_does(overlay: str, objects: 
     internal = {kc["spec"][f"{k}StorageTopic"] for k in ("config", "offset", "status")}
     connect = {("group", kc["spec"]["groupId"], "Read")} | _produces(_outbox_topics())
     connect |= {("topic", t, op) for t in internal for op in ("Read", "Write", "Describe", "DescribeConfigs", "Create")}
+    # exactly-once source: the leader's transactional id and one per connector task
+    group = kc["spec"]["groupId"]
+    transactional = [f"connect-cluster-{group}"]
+    transactional += [
+        f"{group}-{c['metadata']['name']}-{task}"
+        for c in of_kind(objects, "KafkaConnector")
+        for task in range(c["spec"]["tasksMax"])
+    ]
+    connect |= {("transactionalId", t, op) for t in transactional for op in ("Write", "Describe")}
     expected[CONNECT_USER] = connect
     # KEDA: Describe on the groups it measures and their topics, nothing more.
     keda: set[Grant] = set()
