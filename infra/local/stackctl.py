@@ -646,6 +646,9 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         "offset.storage.replication.factor=1\n"
         "status.storage.replication.factor=1\n"
         "offset.flush.interval.ms=1000\n"
+        # KIP-618: each poll batch of an outbox connector and its source offset commit in one
+        # Kafka transaction, so a killed worker neither loses nor re-publishes outbox rows.
+        "exactly.once.source.support=enabled\n"
         # Kafka 4 producers linger 5 ms by default; an outbox hop should not wait for a batch.
         "producer.linger.ms=0\n"
         "key.converter=org.apache.kafka.connect.storage.StringConverter\n"
@@ -712,6 +715,7 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
 command={pg_bindir / "postgres"} -D {pgdata}
 {pg_user_line}autostart=false
 autorestart=true
+startretries=20
 startsecs=2
 stopsignal=INT
 stopwaitsecs=60
@@ -722,6 +726,7 @@ stdout_logfile={LOGS / "postgres.log"}
 command={java} {KAFKA_HEAP} {jvm_kafka} kafka.Kafka {kafka_props}
 autostart=false
 autorestart=true
+startretries=20
 startsecs=3
 stopsignal=TERM
 stopwaitsecs=60
@@ -734,6 +739,7 @@ command={registry_java} {REGISTRY_HEAP} {JVM_COMMON} -jar {DIST / "apicurio" / "
 directory={DIST / "apicurio"}
 autostart=false
 autorestart=true
+startretries=20
 startsecs=3
 stopsignal=TERM
 stopwaitsecs=30
@@ -745,6 +751,7 @@ environment={env_line(registry_env)}
 command={java} {CONNECT_HEAP} {jvm_kafka} org.apache.kafka.connect.cli.ConnectDistributed {connect_props}
 autostart=false
 autorestart=true
+startretries=20
 startsecs=3
 stopsignal=TERM
 stopwaitsecs=60
@@ -920,7 +927,8 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "reset", "status", "env"])
+    parser.add_argument("action", choices=["up", "down", "reset", "status", "env", "pid"])
+    parser.add_argument("component", nargs="?", help="with pid: one component (postgres, kafka, registry, connect)")
     parser.add_argument("--json", action="store_true", help="machine-readable status")
     args = parser.parse_args(argv)
     try:
@@ -933,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "env":
             write_env_file()
             print(ENV_FILE)
+        elif args.action == "pid":  # what the chaos soak SIGKILLs (supervisord starts it again)
+            print(SUPERVISOR.ctl("pid", args.component or "all").strip())
         else:
             return status(args.json)
     except StackError as exc:
