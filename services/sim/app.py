@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from services.sim.auth import ActionToken
+from services.sim.ledger import Ledger
 from services.sim.model import ACTIONS, InvalidAction, SimModel, UnknownResource
 from services.sim.settings import SimSettings
 from services.sim.state import KeyReused, SimState, StaleToken
@@ -123,20 +124,30 @@ def build_app(settings: SimSettings) -> FastAPI:
     the first incident."""
     if settings.sim_action_token is None:
         sys.exit(MISSING_TOKEN)
-    model = SimModel.generated(settings.sim_services) if settings.sim_services else None
+    model = (
+        SimModel.generated(settings.sim_services, production_share=settings.sim_production_share)
+        if settings.sim_services
+        else None
+    )
     return create_sim_app(
-        model, action_token=settings.sim_action_token.get_secret_value(), action_seconds=settings.sim_action_seconds
+        model,
+        action_token=settings.sim_action_token.get_secret_value(),
+        action_seconds=settings.sim_action_seconds,
+        ledger=Ledger(settings.sim_ledger_file) if settings.sim_ledger_file else None,
     )
 
 
-def create_sim_app(model: SimModel | None = None, *, action_token: str, action_seconds: float = 0.2) -> FastAPI:
+def create_sim_app(
+    model: SimModel | None = None, *, action_token: str, action_seconds: float = 0.2, ledger: Ledger | None = None
+) -> FastAPI:
     """The sim over ``model`` (the default topology if None); ``/reset`` returns to it.
+    ``ledger``: where applied actions are kept (in memory if None).
 
     ``action_token`` is what the executor must present to act (ValueError if it is too
     short to be a secret): there is no sim without one, so none serves actions openly.
     """
     token = ActionToken(action_token)
-    state = SimState(model or SimModel.default(), action_seconds=action_seconds)
+    state = SimState(model or SimModel.default(), action_seconds=action_seconds, ledger=ledger)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SimCollector(state))
 

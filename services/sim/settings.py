@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -19,6 +21,12 @@ class SimSettings(ServiceSettings):
     sim_action_seconds: float = 0.2  # simulated time every action takes
     # 0: the demo's topology; N (even, up to 2,000): a generated estate (SimModel.generated)
     sim_services: int = Field(0, ge=0, le=2000)
+    # Of a generated estate, the share of pairs in production (where a person approves);
+    # the storm benchmark sets 0: every incident on the auto-authorized path.
+    sim_production_share: float = Field(0.25, ge=0, le=1)
+    # Where the action ledger is kept across restarts (services/sim/ledger.py); None: in
+    # memory, forgotten on restart. The chaos soak sets it: it SIGKILLs the sim.
+    sim_ledger_file: Path | None = None
     # The bearer token the action API requires (the executor's setting of the same name).
     # No default: the sim does not start without one (services/sim/__main__.py).
     sim_action_token: SecretStr | None = None

@@ -1,7 +1,7 @@
 """The sim's mutable state: the model plus the action ledger, behind one lock.
 
-It is a simulator, so everything lives in process memory and is lost on restart; a
-real target keeps the same two things durably. The ledger holds
+The ledger (services/sim/ledger.py) lives in memory, or on disk when the sim is given a
+file (a real target keeps it durably; the chaos soak kills the sim). It holds
 
 - the recorded result of every applied action, by idempotency key (a repeated key gets
   the recorded result back, marked ``replayed``, and changes nothing), and
@@ -28,10 +28,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from services.sim.ledger import Applied, Fingerprint, Ledger
 from services.sim.model import Fault, SimModel
 
 
@@ -46,15 +46,7 @@ class KeyReused(Exception):
     """An idempotency key already recorded for a different action, resource or params."""
 
 
-@dataclass(frozen=True)
-class _Record:
-    fingerprint: tuple[str, str, tuple[tuple[str, str], ...]]
-    body: dict[str, Any]
-    holder: str | None
-    fencing_token: int
-
-
-def _fingerprint(action: str, name: str, params: Mapping[str, Any]) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+def _fingerprint(action: str, name: str, params: Mapping[str, Any]) -> Fingerprint:
     return action, name, tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
@@ -67,20 +59,23 @@ class SimState:
         *,
         action_seconds: float = 0.2,
         sleep: Callable[[float], None] = time.sleep,
+        ledger: Ledger | None = None,
     ) -> None:
         self._initial = model.copy()
         self._model = model
         self._lock = threading.Lock()
-        self._records: dict[str, _Record] = {}
-        self._newest: dict[str, int] = {}
+        self._ledger = ledger or Ledger()
         self.action_seconds = action_seconds
         self._sleep = sleep
-        self.applied = 0  # actions applied since start or reset (replays excluded)
-        # Ground truth for "exactly once": every action request per idempotency key, and
-        # whether it changed anything. A key requested twice means the executor sent it
-        # again; applied more than once would mean the target acted twice.
-        self._requests: dict[str, int] = {}
-        self._applications: dict[str, int] = {}
+        # A ledger from before a restart: the services are where its actions left them.
+        for applied in self._ledger.in_order():
+            self._model.apply(applied.action, applied.resource, applied.params)
+
+    @property
+    def applied(self) -> int:
+        """Actions applied since start (of the ledger) or reset; replays excluded."""
+        with self._lock:
+            return self._ledger.applications
 
     # -- reads ---------------------------------------------------------------------
 
@@ -96,7 +91,7 @@ class SimState:
         """The service as the model describes it, plus the newest fencing token admitted
         for it (None before any action): which holder the target listens to now. Call
         with the lock held."""
-        return {**self._model.describe(name), "newestFencingToken": self._newest.get(name)}
+        return {**self._model.describe(name), "newestFencingToken": self._ledger.newest(name)}
 
     def read(self, reader: Callable[[SimModel], Any]) -> Any:
         """Run ``reader`` on the model under the lock (a consistent snapshot)."""
@@ -109,20 +104,17 @@ class SimState:
 
     def lookup(self, key: str) -> dict[str, Any] | None:
         with self._lock:
-            record = self._records.get(key)
+            record = self._ledger.applied(key)
             return dict(record.body) if record is not None else None
 
     def action_counts(self) -> dict[str, dict[str, int]]:
         """Per idempotency key: how many action requests arrived and how many applied."""
         with self._lock:
-            return {
-                key: {"requests": count, "applied": self._applications.get(key, 0)}
-                for key, count in self._requests.items()
-            }
+            return self._ledger.counts()
 
     def newest_token(self, resource: str) -> int | None:
         with self._lock:
-            return self._newest.get(self._model.resolve(resource))
+            return self._ledger.newest(self._model.resolve(resource))
 
     # -- writes --------------------------------------------------------------------
 
@@ -138,11 +130,7 @@ class SimState:
         """The initial topology, no faults, an empty ledger (for tests and demos)."""
         with self._lock:
             self._model = self._initial.copy()
-            self._records.clear()
-            self._newest.clear()
-            self.applied = 0
-            self._requests.clear()
-            self._applications.clear()
+            self._ledger.clear()
 
     def perform(
         self,
@@ -161,12 +149,12 @@ class SimState:
         """
         started = time.monotonic()
         with self._lock:
-            self._requests[idempotency_key] = self._requests.get(idempotency_key, 0) + 1
+            self._ledger.count_request(idempotency_key)
             recorded = self._admit(action, resource, params, idempotency_key, fencing_token)
             if recorded is not None:
                 return recorded
             name = self._model.resolve(resource)
-            self._newest[name] = max(self._newest.get(name, fencing_token), fencing_token)
+            self._ledger.admit_token(name, fencing_token)
         self._sleep(self.action_seconds)
         with self._lock:
             recorded = self._admit(action, resource, params, idempotency_key, fencing_token)
@@ -184,9 +172,10 @@ class SimState:
                 "replayed": False,
                 "durationMs": round((time.monotonic() - started) * 1000),
             }
-            self._records[idempotency_key] = _Record(_fingerprint(action, name, params), body, holder, fencing_token)
-            self.applied += 1
-            self._applications[idempotency_key] = self._applications.get(idempotency_key, 0) + 1
+            # recorded before the sim answers: a crash after this replays, never re-applies
+            self._ledger.record(
+                Applied(idempotency_key, _fingerprint(action, name, params), dict(params), body, holder, fencing_token)
+            )
             return dict(body)
 
     def _admit(
@@ -195,7 +184,7 @@ class SimState:
         """The recorded result (as a replay) if ``key`` was applied; raise if the action
         may not run; None if it may. Call with the lock held."""
         name = self._model.resolve(resource)
-        record = self._records.get(key)
+        record = self._ledger.applied(key)
         if record is not None:
             if record.fingerprint != _fingerprint(action, name, params):
                 done = record.body
@@ -204,7 +193,7 @@ class SimState:
                     " with other parameters"
                 )
             return {**record.body, "replayed": True}
-        newest = self._newest.get(name)
+        newest = self._ledger.newest(name)
         if newest is not None and token < newest:
             raise StaleToken(token, newest)
         self._model.validate(action, name, params)
