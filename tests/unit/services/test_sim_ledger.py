@@ -59,3 +59,28 @@ def test_the_ledger_refuses_to_record_a_key_twice(tmp_path: Path) -> None:
     assert recorded is not None
     with pytest.raises(ValueError, match="recorded twice"):
         ledger.record(recorded)
+
+
+def test_the_sim_settings_build_a_generated_estate_with_its_ledger_on_disk(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from services.sim.app import build_app
+    from services.sim.settings import SimSettings
+
+    token = "executor-only-sim-action-token"
+    settings = SimSettings(
+        sim_services=20,
+        sim_production_share=0,
+        sim_ledger_file=tmp_path / "ledger.sqlite",
+        sim_action_token=SecretStr(token),
+        sim_action_seconds=0,
+    )
+    client = TestClient(build_app(settings), headers={"Authorization": f"Bearer {token}"})
+    services = client.get("/services").json()
+    assert len(services) == 20 and {s["environment"] for s in services} == {"dev"}
+    body = {"resource": "shop-0003", "params": {"replicas": 9}, "idempotencyKey": "k", "fencingToken": 1}
+    assert client.post("/actions/scale", json=body).status_code == 200
+    again = TestClient(build_app(settings), headers={"Authorization": f"Bearer {token}"})  # a restart
+    assert again.get("/services/shop-0003").json()["replicas"] == 9
+    assert again.get("/action-counts").json()["keys"] == {"k": {"requests": 1, "applied": 1}}
