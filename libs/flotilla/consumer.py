@@ -356,13 +356,13 @@ class ConsumerLoop:
         try:
             with conn.transaction():
                 self._fast(conn, work)
-                self._send_letters(decode_letters)
+                self._send_letters(conn, decode_letters)
             return
         except _Isolate as exc:
             log.info("batch of %d rerun record by record: %s", len(items), exc.__cause__)
         with conn.transaction():
             letters = self._isolated(conn, work)
-            self._send_letters(decode_letters + letters)
+            self._send_letters(conn, decode_letters + letters)
 
     def _fast(self, conn: psycopg.Connection[Any], work: list[_Item]) -> None:
         """The whole batch in bulk; raises _Isolate (after rollback) if any record fails."""
@@ -657,13 +657,27 @@ class ConsumerLoop:
         first = first_failure or datetime.now(UTC)
         return DeadLetter(reason=reason, error=error, first_failure=first, attempts=attempts)
 
-    def _send_letters(self, letters: Sequence[tuple[Message, DeadLetter]]) -> None:
+    def _send_letters(self, conn: psycopg.Connection[Any], letters: Sequence[tuple[Message, DeadLetter]]) -> None:
         """Publish and flush dead letters before the transaction commits: a crash after
-        this re-sends them (the reconciler dedupes by origin), never loses them."""
-        for msg, letter in letters:
+        this re-sends them (the reconciler dedupes by origin), never loses them.
+
+        Each letter is claimed by its record's position in the same transaction, so a
+        record read again later (a rewound group, a redelivery after the commit) is not
+        dead-lettered again: by position, because poison may carry no usable event id."""
+        if not letters:
+            return
+        claims = [dedupe.letter_claim(msg.topic() or "", msg.partition() or 0, msg.offset() or 0) for msg, _ in letters]
+        fresh = dedupe.claim_many(conn, self.config.name, claims)
+        sent = 0
+        for (msg, letter), claim in zip(letters, claims, strict=True):
+            if claim.event_id not in fresh:
+                metrics.DEDUPE_HITS.labels(self.config.name).inc()
+                continue
+            fresh.discard(claim.event_id)
             self._dlq.publish(msg, letter)
             metrics.DEAD_LETTERS.labels(self.config.name, letter.reason.value).inc()
-        if letters:
+            sent += 1
+        if sent:
             self._dlq.flush()
 
     def _commit_offsets(self, msgs: Iterable[Message]) -> None:

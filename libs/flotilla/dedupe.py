@@ -63,6 +63,12 @@ RETURNING event_id
 """
 
 
+def letter_claim(topic: str, partition: int, offset: int) -> Claim:
+    """The claim of a record this consumer dead-lettered: keyed by the record's position
+    (``dead-letter:<topic>:<partition>:<offset>``), which poison always has, unlike an id."""
+    return Claim(f"dead-letter:{topic}:{partition}:{offset}", "", "dead-lettered", topic, partition, offset)
+
+
 def claim_one(conn: psycopg.Connection[Any], consumer: str, claim: Claim) -> bool:
     """Claim one event id; False when this consumer already processed it."""
     cur = conn.execute(

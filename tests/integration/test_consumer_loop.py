@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
@@ -210,6 +210,38 @@ def test_poison_goes_to_the_dlq_with_context_and_the_partition_moves_on(
     assert failing_headers[deadletter.ATTEMPTS] == "4"  # first try + 3 retries
     assert "metrics backend is down" in failing_headers[deadletter.ERROR_MESSAGE]
     assert letters[invalid_env.id].value() == invalid  # original bytes kept for re-queueing
+
+
+def test_poison_read_again_by_a_rewound_group_is_not_dead_lettered_again(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    """A group rewound to the start (the chaos soak's duplicate-delivery pass) re-reads
+    its poison too: each record was claimed by position with its letter, so the DLQ gets
+    one letter per poison record, however often it is read."""
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    noise_env = Envelope(type=SERVICE_LATENCY_INCREASED, source="/tests", correlationid=incident)
+    invalid, invalid_env = fact(serde, incident, p95LatencyMs=-5.0)
+    produce(stack, topic, [(incident, os.urandom(64), noise_env.headers()), (incident, invalid, invalid_env.headers())])
+    group = f"g-{topic}"
+    for _ in range(2):
+        loop, pool = build_loop(stack, topic=topic, database=database, group=group)
+        try:
+            drain(loop, 2)
+        finally:
+            loop.stop()
+            loop.run()  # stopped: returns at once, closing the consumer (it leaves the group)
+            pool.close()
+        # the group, now without members, back to the start of every partition
+        admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+        start = [TopicPartition(topic, p, 0) for p in range(3)]
+        admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, start)])[group].result(30)
+    reader = dlq_reader(stack, topic)
+    try:
+        first = [wait_for(reader, lambda m: True, timeout=30) for _ in range(2)]
+        assert reader.poll(5) is None  # no second letter
+    finally:
+        reader.close()
+    assert {(header(m.headers(), "ce_id") or b"").decode() for m in first} == {noise_env.id, invalid_env.id}
 
 
 def test_a_record_with_no_hops_left_is_dropped_and_reported(
