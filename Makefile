@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-runaway bench-idle bench-authority clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-runaway bench-idle bench-authority bench-storm chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -88,8 +88,9 @@ browser: ## Debian's chromium for the web console's browser test (installed when
 
 check: lint test-unit ## The fast lane: lint and the unit tests, no stack (what pre-commit runs, and CI first)
 
-test: check browser test-transforms ## The fast lane first, then JUnit and every test on the real stack
+test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, and a short chaos soak
 	$(VENV)/bin/pytest tests/integration tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/chaos -s $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## Only the fast unit tests (no stack)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
@@ -105,6 +106,15 @@ bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 r
 
 bench-runaway: stack-up schemas ## The runaway storm: 100 ping-pong loops at once, each cut by the hop budget
 	$(PY) benchmarks/runaway_storm.py --loops 100
+
+chaos: stack-up schemas ## The long chaos soak: 1,000 incidents under a SIGKILL every 4 s (report in .stack/chaos/report.json)
+	CHAOS_INCIDENTS=$${CHAOS_INCIDENTS:-1000} CHAOS_INJECT_PER_SECOND=$${CHAOS_INJECT_PER_SECOND:-4} \
+	  CHAOS_KILL_EVERY_SECONDS=$${CHAOS_KILL_EVERY_SECONDS:-4} CHAOS_POISON=$${CHAOS_POISON:-20} \
+	  CHAOS_DRAIN_SECONDS=$${CHAOS_DRAIN_SECONDS:-1800} CHAOS_TIMEOUT_SECONDS=$${CHAOS_TIMEOUT_SECONDS:-7200} \
+	  $(VENV)/bin/pytest tests/chaos -s $(PYTEST_ARGS)
+
+bench-storm: stack-up schemas ## K services breach at once (K=50, 200; R=1, 2), beside DBOS Transact doing the same 7 steps
+	$(PY) benchmarks/storm.py --faults $${STORM_FAULTS:-50,200} --replicas $${STORM_REPLICAS:-1,2}
 
 bench-idle: fleet-up ## What the idle fleet costs: CPU (% of a core) and memory per component, over a minute
 	$(PY) benchmarks/idle_footprint.py --seconds 60

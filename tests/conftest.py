@@ -1,4 +1,4 @@
-"""Shared test configuration: tests under integration/ and e2e/ are marked by path."""
+"""Shared test configuration: tests under integration/, e2e/ and chaos/ are marked by path."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if "e2e" in parts:
             item.add_marker(pytest.mark.e2e)
+        if "chaos" in parts:
+            item.add_marker(pytest.mark.chaos)
 
 
 @pytest.fixture()

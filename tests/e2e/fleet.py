@@ -38,14 +38,14 @@ class HttpError(Exception):
         super().__init__(f"HTTP {status}: {body}")
 
 
-def http(method: str, address: str, body: object | None = None, token: str | None = None) -> Any:
+def http(method: str, address: str, body: object | None = None, token: str | None = None, timeout: float = 15) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(address, data=data, method=method)
     request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=15) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         raw = exc.read()

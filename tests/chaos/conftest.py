@@ -1,0 +1,54 @@
+"""The fleet for the chaos soak: a generated estate, a sim that keeps its ledger on disk,
+two executors, and the timings of an operator who expects crashes (config.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flotilla.settings import StackSettings
+from tests.chaos.config import REPO_ROOT, ChaosConfig, fleet_settings
+
+FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
+LEDGER = REPO_ROOT / ".stack" / "chaos" / "sim-ledger.sqlite"
+
+
+@pytest.fixture(scope="session")
+def chaos_config() -> ChaosConfig:
+    return ChaosConfig.from_env()
+
+
+@pytest.fixture(scope="session")
+def chaos_env(chaos_config: ChaosConfig) -> dict[str, str]:
+    return {**os.environ, **fleet_settings(chaos_config, LEDGER)}
+
+
+def fleetctl(action: str, env: dict[str, str], timeout: float = 600) -> None:
+    done = subprocess.run([*FLEETCTL, action], capture_output=True, text=True, timeout=timeout, env=env)
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        pytest.fail(f"fleetctl {action} failed:\n{done.stdout}\n{done.stderr}")
+
+
+@pytest.fixture(scope="session")
+def chaos_fleet(stack: StackSettings, chaos_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A fresh chaos fleet (a fresh sim ledger) on the session's stack; stopped at the end."""
+    subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=chaos_env)
+    for leftover in LEDGER.parent.glob(LEDGER.name + "*"):
+        leftover.unlink()
+    fleetctl("up", chaos_env)
+    try:
+        yield chaos_env
+    finally:
+        if os.environ.get("FLOTILLA_KEEP_FLEET") != "1":
+            subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=chaos_env)
+
+
+def executor_token() -> str:
+    done = subprocess.run([*FLEETCTL, "sim-token-file"], capture_output=True, text=True, timeout=30, check=True)
+    return Path(done.stdout.strip()).read_text().strip()
