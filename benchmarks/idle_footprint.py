@@ -78,6 +78,14 @@ def snapshot() -> dict[int, tuple[str, float]]:
     return found
 
 
+def cpu_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per component between two snapshots (a process born meanwhile: all of it)."""
+    cpu: dict[str, float] = defaultdict(float)
+    for pid, (name, seconds) in after.items():
+        cpu[name] += seconds - (before[pid][1] if pid in before else 0.0)
+    return cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to watch (default 60)")
@@ -87,12 +95,10 @@ def main() -> None:
     time.sleep(args.seconds)
     after = snapshot()
     elapsed = time.monotonic() - started
-    cpu: dict[str, float] = defaultdict(float)
+    cpu = cpu_between(before, after)
     memory: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    for pid, (name, seconds) in after.items():
-        start = before.get(pid, (name, seconds))[1] if pid in before else 0.0  # a process born meanwhile: all of it
-        cpu[name] += seconds - start
+    for pid, (name, _) in after.items():
         count[name] += 1
         with contextlib.suppress(OSError):  # the process ended meanwhile
             memory[name] += pss_mib(pid)
