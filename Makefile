@@ -102,7 +102,7 @@ test-transforms: ## JUnit tests of our Kafka Connect transforms, and their jar (
 	mvn -B -q $(MVN_ARGS) -f infra/connect-transforms/pom.xml verify
 
 bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 rows (p50/p99)
-	$(PY) benchmarks/outbox_latency.py --rows 1000
+	$(PY) benchmarks/outbox_latency.py --rows 1000 --pause-ms 100
 
 bench-runaway: stack-up schemas ## The runaway storm: 100 ping-pong loops at once, each cut by the hop budget
 	$(PY) benchmarks/runaway_storm.py --loops 100

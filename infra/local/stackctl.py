@@ -645,6 +645,9 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         "config.storage.replication.factor=1\n"
         "offset.storage.replication.factor=1\n"
         "status.storage.replication.factor=1\n"
+        # KIP-618's tasks read the offsets topic to its end after every poll (Debezium flushes
+        # the slot's LSN from what it reads); one partition, not Connect's 25, keeps that read cheap.
+        "offset.storage.partitions=1\n"
         "offset.flush.interval.ms=1000\n"
         # KIP-618: each poll batch of an outbox connector and its source offset commit in one
         # Kafka transaction, so a killed worker neither loses nor re-publishes outbox rows.

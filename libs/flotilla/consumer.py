@@ -184,7 +184,9 @@ def group_consumer_config(
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 50,
+        # The broker answers a fetch as soon as a record arrives; this only bounds how often
+        # an idle member asks again (librdkafka's default; 50 ms made the idle broker busy).
+        "fetch.wait.max.ms": 500,
     }
     if stats_interval_ms > 0:
         # Served from poll()/consume() on the loop's own thread.

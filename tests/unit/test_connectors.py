@@ -214,3 +214,20 @@ def test_outbox_connectors_require_exactly_once_and_every_worker_offers_it() -> 
     strimzi = yaml.safe_load((root / "infra" / "k8s" / "base" / "connect" / "kafkaconnect.yaml").read_text())
     assert strimzi["spec"]["config"]["exactly.once.source.support"] == "enabled"
     assert "exactly.once.source.support=enabled" in (root / "infra" / "local" / "stackctl.py").read_text()
+
+
+def test_a_task_hands_over_each_row_at_once_and_reads_a_one_partition_offsets_topic() -> None:
+    """Idle cost and hop latency (docs/operations/observability.md): a poll returns with its
+    first row rather than waiting out the interval, and the read of the offsets topic an
+    exactly-once task makes after every poll covers one partition on every Connect we ship."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    assert outbox_connector_config("flotilla_health")["max.batch.size"] == "1"
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())
+    assert compose["services"]["connect"]["environment"]["CONNECT_OFFSET_STORAGE_PARTITIONS"] == "1"
+    strimzi = yaml.safe_load((root / "infra" / "k8s" / "base" / "connect" / "kafkaconnect.yaml").read_text())
+    assert strimzi["spec"]["config"]["offset.storage.partitions"] == 1
+    assert "offset.storage.partitions=1" in (root / "infra" / "local" / "stackctl.py").read_text()
