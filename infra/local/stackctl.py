@@ -53,11 +53,16 @@ DATA = STACK_HOME / "data"
 LOGS = STACK_HOME / "logs"
 RUN = STACK_HOME / "run"
 ENV_FILE = STACK_HOME / "stack.env"
-# Connect's plugin.path: one folder per plugin (Debezium's unpacked archive, our transforms' jar).
+# Connect's plugin.path: one folder per plugin (Debezium's unpacked archive).
 CONNECT_PLUGINS = DIST / "connect-plugins"
-# Our own Kafka Connect transforms (a Maven module), built into their own plugin folder.
+# Our own Kafka Connect classes (a Maven module: the outbox connector, which extends
+# Debezium's, and a transform). Their jar goes into Debezium's plugin folder, because a
+# plugin sees only the classes of its own folder.
 TRANSFORMS_SRC = REPO_ROOT / "infra" / "connect-transforms"
-TRANSFORMS_PLUGIN = CONNECT_PLUGINS / "flotilla-connect-transforms"
+TRANSFORMS_PLUGIN = CONNECT_PLUGINS / "debezium-connector-postgres"
+TRANSFORMS_JAR_GLOB = "flotilla-connect-transforms-*.jar"
+# Where the jar was a plugin of its own before it held the connector (removed when found).
+TRANSFORMS_OLD_PLUGIN = CONNECT_PLUGINS / "flotilla-connect-transforms"
 TRANSFORMS_BUILD = STACK_HOME / "build" / "connect-transforms"
 
 PG_USER = "flotilla"
@@ -533,12 +538,12 @@ def transforms_digest(src: Path = TRANSFORMS_SRC) -> str:
 
 
 def _build_transforms() -> bool:
-    """Build infra/connect-transforms into its plugin folder when its sources changed.
+    """Build infra/connect-transforms into Debezium's plugin folder when its sources changed.
 
     True when the jar was (re)built: a running Connect worker must then restart, as it
     scans plugin.path only at start. The JUnit tests run in `make test-transforms`, not here.
     """
-    marker = TRANSFORMS_PLUGIN / ".source-digest"
+    marker = TRANSFORMS_PLUGIN / ".flotilla-source-digest"
     digest = transforms_digest()
     if marker.exists() and marker.read_text() == digest:
         return False
@@ -549,11 +554,17 @@ def _build_transforms() -> bool:
         what="Maven build of infra/connect-transforms",
         log=LOGS / "maven-transforms.log",
     )
-    jars = sorted(TRANSFORMS_BUILD.glob("flotilla-connect-transforms-*.jar"))
+    jars = sorted(TRANSFORMS_BUILD.glob(TRANSFORMS_JAR_GLOB))
     if len(jars) != 1:
         raise StackError(f"the infra/connect-transforms build left {len(jars)} jars in {TRANSFORMS_BUILD}, not one")
-    shutil.rmtree(TRANSFORMS_PLUGIN, ignore_errors=True)
-    TRANSFORMS_PLUGIN.mkdir(parents=True)
+    if not TRANSFORMS_PLUGIN.is_dir():
+        raise StackError(
+            f"Debezium's plugin folder {TRANSFORMS_PLUGIN} is missing; remove {DIST / '.complete'} and run "
+            "`make stack-up` to fetch it again"
+        )
+    shutil.rmtree(TRANSFORMS_OLD_PLUGIN, ignore_errors=True)
+    for old in TRANSFORMS_PLUGIN.glob(TRANSFORMS_JAR_GLOB):
+        old.unlink()
     shutil.copy2(jars[0], TRANSFORMS_PLUGIN / jars[0].name)
     marker.write_text(digest)
     return True

@@ -21,17 +21,19 @@ from typing import Any
 
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
 
-# How long Debezium's replication-stream reader sleeps when the WAL had nothing new, and
-# how long a task's poll waits for a batch. Debezium's default (500 ms) would dominate
-# every hop. Each idle poll also ends an (empty) exactly-once transaction, after which the
-# task reads the offsets topic to its end: the interval is the idle cost, ~0.05 % of a
-# core per poll per second between Connect and the broker (docs/operations/observability.md).
+# Debezium's PostgreSQL connector, as our subclass (infra/connect-transforms, in Debezium's
+# plugin folder): rows pass exactly as with Debezium's own task, but an idle task waits for
+# an event instead of spinning, and returns an empty batch to the worker (ending an
+# exactly-once transaction and a read of the offsets topic) once per IDLE_RETURN_MS rather
+# than every poll. docs/operations/observability.md has the figures.
+OUTBOX_CONNECTOR_CLASS = "dev.flotilla.connect.OutboxPostgresConnector"
+IDLE_RETURN_MS = 1000
+# How long Debezium's replication-stream reader sleeps when the WAL had nothing new: the
+# hop's worst wait for a row. Debezium's default (500 ms) would dominate every hop.
 POLL_INTERVAL_MS = 20
-# A poll returns as soon as its batch is full or the interval has passed; with one record
-# per batch the first row is handed over at once instead of waiting out the interval, so
-# a 20 ms interval is no slower per hop than 10 ms with Debezium's 2,048 (and half the
-# idle cost). Under a burst a
-# record costs its own transaction, which at Flotilla's rates is cheaper than idle polls.
+# A poll returns as soon as its batch is full; with one record per batch the first row is
+# handed over at once. Under a burst each row is its own exactly-once transaction, which at
+# Flotilla's rates costs less than the latency a larger batch would add.
 MAX_BATCH_SIZE = 1
 
 # Our own transform (infra/connect-transforms), a plugin beside Debezium's on every Connect worker.
@@ -113,7 +115,7 @@ def outbox_connector_config(
             "predicates.declared.pattern": topic_pattern(topics),
         }
     return {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "connector.class": OUTBOX_CONNECTOR_CLASS,
         "tasks.max": "1",
         "plugin.name": "pgoutput",
         "database.hostname": host,
@@ -136,6 +138,7 @@ def outbox_connector_config(
         "exactly.once.support": "required",
         "transaction.boundary": "poll",
         "poll.interval.ms": str(POLL_INTERVAL_MS),
+        "flotilla.idle.return.ms": str(IDLE_RETURN_MS),
         "max.batch.size": str(MAX_BATCH_SIZE),
         "tombstones.on.delete": "false",
         # Only the CloudEvents headers travel; no __debezium.context.* noise.

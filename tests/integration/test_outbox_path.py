@@ -221,6 +221,35 @@ def test_connector_registration_is_idempotent(stack: StackSettings, outbox_db: s
     assert time.monotonic() - before < 30
 
 
+def test_an_idle_connector_hands_a_row_over_at_once(
+    stack: StackSettings, serde: AvroSerde, incidents: Consumer
+) -> None:
+    # Our task returns an empty batch to the worker only once per flotilla.idle.return.ms;
+    # a row must still pass as soon as Debezium reads it, not at the next idle return.
+    idle_return = int(connectors.outbox_connector_config(DB)["flotilla.idle.return.ms"]) / 1000
+    hops = []
+    for pause in (1.3, 2.1, 1.7, 2.6, 1.1):  # idle past an idle return, at different phases
+        time.sleep(pause)
+        incident = f"incident-{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(stack.pg_dsn(DB)) as conn:
+            _, env = _open_incident(conn, Outbox(serde), incident)
+        committed = time.monotonic()
+        wait_for(incidents, by_event_id(env.id))
+        hops.append(time.monotonic() - committed)
+    hops.sort()
+    assert hops[2] < idle_return / 3, f"median {hops[2]:.3f} s: rows wait for the idle return ({hops})"
+
+
+def test_connect_runs_our_outbox_connector(stack: StackSettings, outbox_db: str) -> None:
+    with urllib.request.urlopen(f"{stack.connect_url}/connector-plugins", timeout=10) as resp:
+        plugins = {p["class"]: p for p in json.loads(resp.read())}
+    assert plugins[connectors.OUTBOX_CONNECTOR_CLASS]["type"] == "source"
+    name = connectors.connector_name(outbox_db)
+    with urllib.request.urlopen(f"{stack.connect_url}/connectors/{name}/status", timeout=10) as resp:
+        status = json.loads(resp.read())
+    assert [t["state"] for t in status["tasks"]] == ["RUNNING"]
+
+
 # ------------------------------------------------------- CloudEvents conformance
 
 

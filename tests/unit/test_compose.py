@@ -290,7 +290,7 @@ def test_the_connect_image_adds_our_jar_to_debezium_s_plugin_path() -> None:
         [
             f"--from={build_name}",
             "/src/target/flotilla-connect-transforms-*.jar",
-            "/kafka/connect/flotilla-connect-transforms/",
+            "/kafka/connect/debezium-connector-postgres/",  # Debezium's plugin: the connector extends it
         ]
     ]
     assert not [i for i, _ in runtime_steps if i in ("RUN", "USER", "ENV", "ENTRYPOINT", "CMD")], (

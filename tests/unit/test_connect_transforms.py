@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla.connectors import DROP_NULL_HEADERS, outbox_connector_config
+from flotilla.connectors import DROP_NULL_HEADERS, OUTBOX_CONNECTOR_CLASS, outbox_connector_config
 
 from ..poms import LOCAL_STACK_POM, TRANSFORMS_POM, child_text, pom_elements, pom_property
 
@@ -25,12 +25,33 @@ def test_compiled_against_the_kafka_the_local_stack_runs() -> None:
 
 
 def test_the_jar_carries_our_classes_only() -> None:
-    # Connect's API is the worker's own; a second copy in the plugin would shadow it.
+    # Connect's API and Debezium are the worker's own; a second copy in the plugin would shadow them.
     deps = {
         child_text(dep, "m:artifactId"): child_text(dep, "m:scope") or "compile"
         for dep in pom_elements(TRANSFORMS_POM, "m:dependencies/m:dependency")
     }
-    assert deps == {"connect-api": "provided", "junit-jupiter": "test"}
+    assert deps == {
+        "connect-api": "provided",
+        "connect-transforms": "provided",
+        "debezium-connector-postgres": "provided",
+        "junit-jupiter": "test",
+    }
+
+
+def test_the_connector_extends_the_debezium_the_stack_runs() -> None:
+    assert pom_property(TRANSFORMS_POM, "debezium.version") == pom_property(LOCAL_STACK_POM, "debezium.version")
+
+
+def test_the_connectors_name_the_connector_the_module_defines_and_registers() -> None:
+    assert outbox_connector_config("flotilla")["connector.class"] == OUTBOX_CONNECTOR_CLASS
+    assert _source_of(OUTBOX_CONNECTOR_CLASS).is_file()
+    # Connect's service_load plugin discovery, and Debezium's queue lookup by name, read these files.
+    assert (SERVICES / "org.apache.kafka.connect.source.SourceConnector").read_text().split() == [
+        OUTBOX_CONNECTOR_CLASS
+    ]
+    queue_provider = "dev.flotilla.connect.SignallingQueueProvider"
+    assert (SERVICES / "io.debezium.connector.base.QueueProvider").read_text().split() == [queue_provider]
+    assert _source_of(queue_provider).is_file()
 
 
 def test_the_pom_is_self_contained_for_strimzi_s_maven_build() -> None:

@@ -35,7 +35,7 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from flotilla import tracing
-from flotilla.connectors import DROP_NULL_HEADERS, connector_name, outbox_connector_config
+from flotilla.connectors import DROP_NULL_HEADERS, OUTBOX_CONNECTOR_CLASS, connector_name, outbox_connector_config
 from flotilla.fleet import BY_NAME, FLEET, SIM
 from flotilla.settings import StackSettings
 from services.executor.namespaces import EnvironmentNamespaces
@@ -631,15 +631,19 @@ def test_the_connect_worker_resolves_the_connector_placeholders(objects: tuple[d
 
 
 def _transforms_artifact(kafka_connect: dict[str, Any]) -> dict[str, Any]:
-    (plugin,) = [p for p in kafka_connect["spec"]["build"]["plugins"] if p["name"] == "flotilla-connect-transforms"]
-    (artifact,) = plugin["artifacts"]
-    return dict(artifact)
+    # In Debezium's plugin (one class loader for its artifacts): our connector extends Debezium's.
+    (plugin,) = kafka_connect["spec"]["build"]["plugins"]
+    debezium, ours = plugin["artifacts"]
+    assert "debezium-connector-postgres" in debezium["url"]
+    return dict(ours)
 
 
 def test_the_connect_image_has_our_transforms_from_where_the_overlay_says(
     overlay: str, objects: tuple[dict[str, Any], ...]
 ) -> None:
-    # The KafkaConnectors chain dev.flotilla.connect.DropNullHeaders: Strimzi must build it in.
+    # The KafkaConnectors run dev.flotilla.connect.OutboxPostgresConnector and chain
+    # DropNullHeaders: Strimzi must build them in.
+    assert {c["spec"]["class"] for c in of_kind(objects, "KafkaConnector")} == {OUTBOX_CONNECTOR_CLASS}
     assert any(
         v == DROP_NULL_HEADERS
         for c in of_kind(objects, "KafkaConnector")

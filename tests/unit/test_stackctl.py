@@ -320,7 +320,7 @@ def test_transforms_digest_follows_the_pom_and_main_sources_only(stackctl_at: Mo
 def test_an_unchanged_jar_is_not_rebuilt(stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     plugin = stackctl_at.TRANSFORMS_PLUGIN
     plugin.mkdir(parents=True)
-    (plugin / ".source-digest").write_text(stackctl_at.transforms_digest())
+    (plugin / ".flotilla-source-digest").write_text(stackctl_at.transforms_digest())
     monkeypatch.setenv("PATH", "/nonexistent")  # any Maven run would fail loudly
     assert stackctl_at._build_transforms() is False
 
@@ -330,28 +330,51 @@ def test_a_changed_source_without_maven_is_a_clear_error(
 ) -> None:
     plugin = stackctl_at.TRANSFORMS_PLUGIN
     plugin.mkdir(parents=True)
-    (plugin / ".source-digest").write_text("an older digest")
+    (plugin / ".flotilla-source-digest").write_text("an older digest")
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(stackctl_at.StackError, match=r"Maven \(`mvn`\) is required .* infra/connect-transforms"):
         stackctl_at._build_transforms()
 
 
-def test_the_jar_is_built_into_its_own_plugin_folder_once(stackctl_at: ModuleType) -> None:
+def test_the_jar_is_built_into_debeziums_plugin_folder_once(stackctl_at: ModuleType) -> None:
     if not shutil.which("mvn"):
         pytest.skip("Maven is not installed")
-    assert stackctl_at._build_transforms() is True
     plugin = stackctl_at.TRANSFORMS_PLUGIN
-    assert plugin.parent == stackctl_at.CONNECT_PLUGINS  # a folder of plugin.path, beside Debezium's
+    assert plugin.parent == stackctl_at.CONNECT_PLUGINS  # a folder of plugin.path: Debezium's own
+    plugin.mkdir(parents=True)  # as the fetch unpacks it
+    (plugin / "debezium-connector-postgres-3.6.1.Final.jar").write_bytes(b"PK")
+    (plugin / "flotilla-connect-transforms-0.0.9.jar").write_bytes(b"PK")  # an earlier build
+    stackctl_at.TRANSFORMS_OLD_PLUGIN.mkdir(parents=True)  # where the jar used to be a plugin of its own
+    assert stackctl_at._build_transforms() is True
     jars = sorted(plugin.glob("*.jar"))
-    assert [j.name for j in jars] == ["flotilla-connect-transforms-0.1.0.jar"]
-    with zipfile.ZipFile(jars[0]) as jar:
+    assert [j.name for j in jars] == [
+        "debezium-connector-postgres-3.6.1.Final.jar",
+        "flotilla-connect-transforms-0.1.0.jar",
+    ]
+    assert not stackctl_at.TRANSFORMS_OLD_PLUGIN.exists(), "DropNullHeaders must not be found in two plugins"
+    with zipfile.ZipFile(jars[1]) as jar:
         names = set(jar.namelist())
         assert "dev/flotilla/connect/DropNullHeaders.class" in names
-        manifest = "META-INF/services/org.apache.kafka.connect.transforms.Transformation"
-        assert jar.read(manifest).decode().split() == ["dev.flotilla.connect.DropNullHeaders"]
-        assert not any(n.startswith("org/apache/kafka/") for n in names), "connect-api is provided, never bundled"
+        assert "dev/flotilla/connect/OutboxPostgresConnector.class" in names
+        services = "META-INF/services/"
+        assert jar.read(services + "org.apache.kafka.connect.transforms.Transformation").decode().split() == [
+            "dev.flotilla.connect.DropNullHeaders"
+        ]
+        assert jar.read(services + "io.debezium.connector.base.QueueProvider").decode().split() == [
+            "dev.flotilla.connect.SignallingQueueProvider"
+        ]
+        assert not any(n.startswith(("org/apache/kafka/", "io/debezium/")) for n in names), "provided, never bundled"
     assert stackctl_at.TRANSFORMS_BUILD.is_relative_to(stackctl_at.STACK_HOME)  # built outside the source tree
     assert stackctl_at._build_transforms() is False  # the second up does not run Maven again
+
+
+def test_without_debeziums_plugin_folder_the_jar_has_nowhere_to_go(
+    stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not shutil.which("mvn"):
+        pytest.skip("Maven is not installed")
+    with pytest.raises(stackctl_at.StackError, match=r"Debezium's plugin folder .* is missing"):
+        stackctl_at._build_transforms()
 
 
 class _RecordingSupervisor:

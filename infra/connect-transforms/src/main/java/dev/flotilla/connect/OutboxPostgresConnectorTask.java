@@ -1,0 +1,91 @@
+package dev.flotilla.connect;
+
+import java.util.List;
+import java.util.UUID;
+
+import org.apache.kafka.connect.source.SourceRecord;
+
+import io.debezium.config.CommonConnectorConfig;
+import io.debezium.config.Configuration;
+import io.debezium.connector.common.DebeziumTaskState;
+import io.debezium.connector.postgresql.PostgresConnectorTask;
+import io.debezium.connector.postgresql.PostgresOffsetContext;
+import io.debezium.connector.postgresql.PostgresPartition;
+import io.debezium.pipeline.ChangeEventSourceCoordinator;
+
+/**
+ * Debezium's PostgreSQL task, made cheap while its outbox is idle; rows pass as fast as before.
+ *
+ * <p>Three costs of an idle Debezium task under an exactly-once Connect worker, and what this
+ * task does about each:
+ * <ul>
+ *   <li>Every return from {@code poll()} ends a transaction, and the {@code commit()} after it
+ *       makes Debezium read the offsets topic to its end to flush the slot's position: a few
+ *       broker round trips. The task returns with rows at once, but empty only after
+ *       {@value OutboxPostgresConnector#IDLE_RETURN_CONFIG} ({@link IdlePoll}).
+ *   <li>Debezium's queue poll spins on the clock at the end of each empty wait. The task waits
+ *       on its {@link SignallingQueueProvider} instead and asks Debezium only when an event is
+ *       there (and once per idle return, so a failure of the WAL reader still surfaces).
+ *   <li>The slot flush runs at most once per idle-return time, also under a burst: it only lets
+ *       PostgreSQL recycle WAL already published; a restart resumes from the offset committed
+ *       in Kafka, so deferring it never loses or repeats a row.
+ * </ul>
+ */
+public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
+
+    /** How long one wait for an event lasts before the task checks it is still running. */
+    private static final long WAIT_SLICE_NANOS = 100_000_000L;
+
+    private IdlePoll idlePoll = new IdlePoll(OutboxPostgresConnector.IDLE_RETURN_DEFAULT_MS, System::nanoTime);
+    private Throttle slotFlush = new Throttle(OutboxPostgresConnector.IDLE_RETURN_DEFAULT_MS, System::nanoTime);
+    private volatile SignallingQueueProvider<?> events;
+
+    @Override
+    public ChangeEventSourceCoordinator<PostgresPartition, PostgresOffsetContext> start(Configuration config) {
+        long idleMillis = OutboxPostgresConnector.idleReturnMillis(config.asMap());
+        idlePoll = new IdlePoll(idleMillis, System::nanoTime);
+        slotFlush = new Throttle(idleMillis, System::nanoTime);
+        String queueId = UUID.randomUUID().toString();
+        Configuration withOurQueue = config.edit()
+                .with(CommonConnectorConfig.QUEUE_PROVIDER_TYPE, SignallingQueueProvider.NAME)
+                .with(SignallingQueueProvider.QUEUE_ID_CONFIG, queueId)
+                .build();
+        ChangeEventSourceCoordinator<PostgresPartition, PostgresOffsetContext> coordinator = super.start(withOurQueue);
+        SignallingQueueProvider<?> made = SignallingQueueProvider.take(queueId);
+        if (made == null) {
+            throw new IllegalStateException("Debezium did not create the " + SignallingQueueProvider.NAME + " queue this task asked for");
+        }
+        events = made;
+        return coordinator;
+    }
+
+    @Override
+    public List<SourceRecord> doPoll() throws InterruptedException {
+        List<SourceRecord> batch = idlePoll.next(this::pollWhenThereIsAnEvent, this::running);
+        // Idle: Debezium's own poll once, which throws what the WAL reader failed with.
+        return batch.isEmpty() ? super.doPoll() : batch;
+    }
+
+    /** Debezium's poll once an event is queued; after one wait slice without one, an empty batch. */
+    private List<SourceRecord> pollWhenThereIsAnEvent() throws InterruptedException {
+        SignallingQueueProvider<?> queue = events;
+        if (queue == null || queue.awaitEvent(WAIT_SLICE_NANOS) || !running()) {
+            return super.doPoll();
+        }
+        return List.of();
+    }
+
+    private boolean running() {
+        return getTaskState() == DebeziumTaskState.RUNNING;
+    }
+
+    @Override
+    public void performCommit() {
+        if (slotFlush.tryAcquire()) {
+            super.performCommit();
+        } else {
+            // Not now: ask again, so the position is flushed after a later poll that may.
+            shouldPerformCommit.set(true);
+        }
+    }
+}
