@@ -18,11 +18,17 @@ runs it again, so ``gather`` must be safe to repeat (reads and model calls are).
 step 3 writes, and only once: the row turns ``done`` in the same transaction. A
 ``gather`` that fails is retried after ``retry_seconds``; at the work's deadline
 ``give_up`` decides instead (typically: escalate to a person).
+
+Workers do not poll for work. :func:`defer` also sends a PostgreSQL ``NOTIFY``, which is
+delivered only when the handler's transaction commits, so a worker (of any replica) is
+woken as the row becomes visible; otherwise a worker sleeps until the next due time it
+knows of (a retry, a lease running out), at most ``Worker.idle_seconds``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,7 +50,7 @@ from flotilla.workflow import IncidentState, WorkflowStore
 if TYPE_CHECKING:
     from flotilla.runner import Periodic, ServiceContext
 
-__all__ = ["MIGRATION", "Finish", "Work", "Worker", "defer"]
+__all__ = ["CHANNEL", "MIGRATION", "Bell", "Finish", "Work", "Worker", "defer"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,9 @@ CREATE TABLE IF NOT EXISTS deferred_work (
 );
 CREATE INDEX IF NOT EXISTS deferred_work_due ON deferred_work (kind, due_at) WHERE status = 'pending';
 """
+
+# The NOTIFY channel of new deferred work; the payload is its kind.
+CHANNEL = "flotilla_deferred_work"
 
 # One row per (kind, record): a record handled again after a rollback defers nothing new.
 _NAMESPACE = uuid.UUID("9f5f0c55-3c1e-4b43-9d7a-5b8f3f1e2d10")
@@ -120,6 +129,9 @@ def defer(ctx: HandlerContext, kind: str, *, contract_topic: str, deadline_secon
             now + timedelta(seconds=due_in + deadline_seconds),
         ),
     )
+    # Delivered at commit (once per kind per transaction): wakes the workers as the row appears,
+    # and one not yet due tells them when to look next.
+    ctx.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, kind))
     return str(work_id)
 
 
@@ -190,6 +202,7 @@ class Worker(Generic[T]):
         give_up: GiveUp,
         lease_seconds: float,
         retry_seconds: float,
+        idle_seconds: float = 5.0,
     ) -> None:
         self.kind = kind
         self._gather = gather
@@ -197,13 +210,38 @@ class Worker(Generic[T]):
         self._give_up = give_up
         self.lease_seconds = lease_seconds
         self.retry_seconds = retry_seconds
+        # The longest sleep without a NOTIFY: bounds what a missed one (listener reconnecting) costs.
+        self.idle_seconds = idle_seconds
+        self.bell = Bell()
+        self._listener: threading.Thread | None = None
+        self._listener_lock = threading.Lock()
 
-    def periodic(self, threads: int, interval: float = 0.2) -> tuple[Periodic, ...]:
-        """``threads`` periodic tasks draining this worker's due work: one slow call per thread."""
-        return tuple((interval, self._drain) for _ in range(threads))
+    def periodic(self, threads: int) -> tuple[Periodic, ...]:
+        """``threads`` tasks draining this worker's due work (one slow call per thread), each
+        run when it is woken (:class:`_WorkPace`), not on an interval."""
+        return tuple((_WorkPace(self), self._drain) for _ in range(threads))
 
     def _drain(self, ctx: ServiceContext) -> None:
         self.run_due(ctx)
+
+    def next_due_seconds(self, ctx: ServiceContext) -> float | None:
+        """Seconds until pending work comes due or its lease runs out (0 if some is now); None if none is pending."""
+        with ctx.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT EXTRACT(EPOCH FROM min(greatest(due_at, coalesce(lease_until, due_at))) - now()) "
+                "FROM deferred_work WHERE kind = %s AND status = 'pending'",
+                (self.kind,),
+            ).fetchone()
+        return None if row is None or row[0] is None else max(float(row[0]), 0.0)
+
+    def _listen_once(self, ctx: ServiceContext) -> None:
+        """Start the thread that LISTENs for this kind's new work (the first caller does)."""
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = threading.Thread(
+                    target=_listen, args=(ctx, self.kind, self.bell), name=f"{self.kind}-listener", daemon=True
+                )
+                self._listener.start()
 
     def run_due(self, ctx: ServiceContext) -> int:
         """Take and run due work until none is left (or the service stops)."""
@@ -298,6 +336,79 @@ class Worker(Generic[T]):
                 (now + timedelta(seconds=self.retry_seconds), error[:2000], work.work_id, token),
             )
         return "retry"
+
+
+class Bell:
+    """Wakes every thread waiting for work. Rings are counted, so a ring between a thread's
+    last look for work and its wait is not lost."""
+
+    def __init__(self) -> None:
+        self._rang = threading.Condition()
+        self._rings = 0
+
+    @property
+    def rings(self) -> int:
+        with self._rang:
+            return self._rings
+
+    def ring(self) -> None:
+        with self._rang:
+            self._rings += 1
+            self._rang.notify_all()
+
+    def wait_past(self, seen: int, timeout: float, stopping: threading.Event | None = None) -> bool:
+        """Until it has rung since ``seen`` (True), ``timeout`` passes or ``stopping`` is set."""
+        deadline = time.monotonic() + timeout
+        with self._rang:
+            while self._rings == seen:
+                left = deadline - time.monotonic()
+                if left <= 0 or (stopping is not None and stopping.is_set()):
+                    return False
+                # In slices, so a stopping service is not kept waiting.
+                self._rang.wait(min(left, 0.5))
+            return True
+
+
+class _WorkPace:
+    """One worker thread's pace: at once the first time, then when new work is notified, the
+    next pending work comes due, or ``idle_seconds`` pass, whichever is first."""
+
+    def __init__(self, worker: Worker[Any]) -> None:
+        self._worker = worker
+        self._seen: int | None = None
+
+    def wait(self, ctx: ServiceContext) -> None:
+        worker = self._worker
+        if self._seen is not None:
+            try:
+                due = worker.next_due_seconds(ctx)
+                sleep = worker.idle_seconds if due is None else min(due, worker.idle_seconds)
+            except psycopg.Error as exc:  # PostgreSQL restarting: look again in a second
+                log.warning("deferred %s: cannot read when work is due (%s)", worker.kind, exc)
+                sleep = 1.0
+            worker.bell.wait_past(self._seen, sleep, ctx.stopping)
+        else:
+            worker._listen_once(ctx)
+        # Rings from here on (while the task drains) wake the next wait at once.
+        self._seen = worker.bell.rings
+
+
+def _listen(ctx: ServiceContext, kind: str, bell: Bell) -> None:
+    """LISTEN for new work of ``kind`` and ring ``bell``; on a lost connection, reconnect and
+    ring once (what was sent meanwhile is not delivered again)."""
+    while not ctx.stopping.is_set():
+        try:
+            with psycopg.connect(ctx.settings.pg_dsn(ctx.spec.database), autocommit=True) as conn:
+                conn.execute(f"LISTEN {CHANNEL}")
+                bell.ring()
+                while not ctx.stopping.is_set():
+                    for notice in conn.notifies(timeout=1.0):
+                        if notice.payload == kind:
+                            bell.ring()
+        except psycopg.Error as exc:
+            log.warning("deferred %s: listening for new work failed (%s); retrying in 1 s", kind, exc)
+            ctx.stopping.wait(1.0)
+    bell.ring()  # let waiting threads see the service stop
 
 
 def _metric_outcome(outcome: str) -> str:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from confluent_kafka.admin import AdminClient
@@ -93,7 +93,18 @@ class ServiceContext:
 
 
 HandlersFactory = Callable[[ServiceContext], Mapping[str, Handler]]
-Periodic = tuple[float, Callable[[ServiceContext], None]]  # (interval seconds, task)
+
+
+class Pace(Protocol):
+    """When a periodic task runs again, for tasks better woken than polled (a fixed
+    interval is a plain number of seconds)."""
+
+    def wait(self, ctx: ServiceContext) -> None:
+        """Block until the task should run again (or the service stops)."""
+        ...
+
+
+Periodic = tuple[float | Pace, Callable[[ServiceContext], None]]  # (interval seconds or pace, task)
 Routes = Callable[[FastAPI, ServiceContext], None]
 
 
@@ -137,13 +148,21 @@ def build_loop(ctx: ServiceContext) -> ConsumerLoop:
     return ConsumerLoop(config, ctx.settings, ctx.serde, ctx.pool, spec.handlers(ctx))
 
 
-def _run_periodic(ctx: ServiceContext, interval: float, task: Callable[[ServiceContext], None]) -> None:
+def _run_periodic(ctx: ServiceContext, interval: float | Pace, task: Callable[[ServiceContext], None]) -> None:
     name = getattr(task, "__name__", "task")
-    while not ctx.stopping.wait(interval):
+    while not _paced(ctx, interval):
         try:
             task(ctx)
         except Exception:  # a failing tick is logged and retried next tick, never fatal
             log.exception("periodic task %s failed", name)
+
+
+def _paced(ctx: ServiceContext, interval: float | Pace) -> bool:
+    """Wait for the next run; True when the service is stopping instead."""
+    if isinstance(interval, (int, float)):
+        return ctx.stopping.wait(interval)
+    interval.wait(ctx)
+    return ctx.stopping.is_set()
 
 
 def start_periodic(ctx: ServiceContext) -> list[threading.Thread]:

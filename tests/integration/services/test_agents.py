@@ -20,6 +20,7 @@ from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reaso
 from flotilla_reasoning.records import diagnosis_record
 from flotilla_reasoning.sim import parse_metrics, parse_services
 
+from flotilla import deferred
 from flotilla.authority import verify_proposal
 from flotilla.bootstrap import drop_outbox
 from flotilla.consumer import ConsumerLoop
@@ -699,6 +700,60 @@ def _diagnosed(incident: str) -> list[tuple[dict[str, Any], Envelope]]:
     diagnosis_env = records[1][1].caused(DependencyFailureSuspected.TYPE, "/flotilla/diagnostic-agent")
     value = diagnosis_record(_rules_diagnosis(incident), job_id=None, now=datetime.now(UTC)).to_value()
     return [*records, ({"eventId": diagnosis_env.id, **value}, diagnosis_env)]
+
+
+def _wait_until(condition: Any, timeout: float, what: str) -> float:
+    """Seconds until ``condition()`` held (polled every 20 ms); fails after ``timeout``."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, what
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_an_idle_worker_is_woken_by_the_commit_that_defers_work_and_when_work_comes_due(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    """Workers do not poll: with a minute between looks, deferred work is still taken as
+    its transaction commits (NOTIFY), and work notified as not yet due is taken when due."""
+    base, _ = diagnostic
+    spec, agent = diagnostic_spec(base.settings)
+    agent.worker.idle_seconds = 60.0
+    ctx = ServiceContext(
+        dataclasses.replace(spec, periodic=agent.worker.periodic(1)), base.settings, base.pool, base.serde
+    )
+    fake_sim.faulty = True
+    workers = start_periodic(ctx)
+    try:
+        time.sleep(1.0)  # the worker found nothing and sleeps, for up to a minute
+        incident = new_incident()
+        produce(stack, topic, serde, incident_opened(incident))
+        drain(on_topic(ctx, topic), 2)  # commits the deferral
+        woken = _wait_until(lambda: outbox(ctx, incident), 10, "the deferred diagnosis was not taken")
+        attempts = "SELECT attempts FROM deferred_work WHERE incident_id = %s"
+        assert scalar(ctx, attempts, incident) == 1
+
+        # Work not yet due (as a retry or a defer with due_in), notified by its writer: taken when due.
+        with ctx.pool.connection() as conn:
+            conn.execute(
+                "UPDATE deferred_work SET status = 'pending', due_at = now() + interval '1.5 seconds', "
+                "lease_until = NULL WHERE incident_id = %s",
+                (incident,),
+            )
+            conn.execute("SELECT pg_notify(%s, %s)", (deferred.CHANNEL, agent.worker.kind))
+        notified = time.monotonic()
+        _wait_until(lambda: scalar(ctx, attempts, incident) == 2, 10, "work that came due was not taken")
+        taken_after = time.monotonic() - notified
+    finally:
+        ctx.stopping.set()
+        for worker in workers:
+            worker.join(10)
+    assert woken < 2.0, f"taken {woken:.2f} s after the commit"
+    assert 1.3 < taken_after < 5.0, f"taken {taken_after:.2f} s after it was notified, due after 1.5 s"
 
 
 def test_a_model_taking_30_s_delays_no_other_incident_and_holds_no_transaction(
