@@ -184,9 +184,10 @@ def group_consumer_config(
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        # The broker answers a fetch as soon as a record arrives; this only bounds how often
-        # an idle member asks again (librdkafka's default; 50 ms made the idle broker busy).
-        "fetch.wait.max.ms": 500,
+        # The broker answers a fetch as soon as a record arrives (or a transaction commits);
+        # this only bounds how often an idle member asks again (50 ms made the idle broker
+        # busy; 2 s costs no hop latency, docs/operations/observability.md).
+        "fetch.wait.max.ms": 2000,
     }
     if stats_interval_ms > 0:
         # Served from poll()/consume() on the loop's own thread.

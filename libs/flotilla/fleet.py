@@ -18,6 +18,10 @@ class Member:
     # The topics its outbox may publish to (ServiceSpec.emits, the outbox table's
     # constraint and its connector's filter). Only the policy service writes `commands`.
     emits: tuple[str, ...] = ("incidents",)
+    # Does an incident wait on its records? Then its outbox connector looks at the WAL
+    # every few milliseconds; otherwise (audit anchors, quarantine notices) rarely, which
+    # is cheaper while idle (flotilla.connectors.poll_interval_ms).
+    awaited: bool = True
 
 
 SIM = Member("sim", "services.sim", None, 18110, emits=())
@@ -26,8 +30,8 @@ DIAGNOSTIC = Member("diagnostic-agent", "services.diagnostic_agent", "flotilla_d
 REMEDIATION = Member("remediation-agent", "services.remediation_agent", "flotilla_remediation", 18103)
 POLICY = Member("policy-service", "services.policy", "flotilla_policy", 18104, emits=("incidents", "commands"))
 EXECUTOR = Member("executor", "services.executor", "flotilla_executor", 18105)
-AUDIT = Member("audit", "services.audit", "flotilla_audit", 18106, emits=("audit.anchors",))
-DLQ_RECONCILER = Member("dlq-reconciler", "services.dlq_reconciler", "flotilla_dlq", 18107)
+AUDIT = Member("audit", "services.audit", "flotilla_audit", 18106, emits=("audit.anchors",), awaited=False)
+DLQ_RECONCILER = Member("dlq-reconciler", "services.dlq_reconciler", "flotilla_dlq", 18107, awaited=False)
 # The web console: a front end for people over the services' HTTP APIs (no database, no Kafka).
 CONSOLE = Member("console", "services.console", None, 18108, emits=())
 

@@ -7,13 +7,16 @@ import re
 import pytest
 
 from flotilla.connectors import (
+    BACKGROUND_POLL_INTERVAL_MS,
     DROP_NULL_HEADERS,
     POLL_INTERVAL_MS,
     connector_name,
     outbox_connector_config,
+    poll_interval_ms,
     transforms_config,
 )
 from flotilla.envelope import Envelope
+from flotilla.fleet import AUDIT, DIAGNOSTIC, DLQ_RECONCILER, EXECUTOR, FLEET, HEALTH, POLICY, REMEDIATION
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_MIGRATION, OUTBOX_TABLE
 
 ENV_REF = re.compile(r"\$\{env:[A-Z][A-Z0-9_]*\}")
@@ -53,6 +56,17 @@ def test_only_the_outbox_table_is_published(config: dict[str, str]) -> None:
 def test_poll_interval_is_lowered(config: dict[str, str]) -> None:
     assert int(config["poll.interval.ms"]) == POLL_INTERVAL_MS
     assert 0 < int(config["poll.interval.ms"]) <= 50
+
+
+def test_only_members_no_incident_waits_on_poll_rarely() -> None:
+    by_database = {m.database: m for m in FLEET if m.database is not None}
+    rarely = {db for db in by_database if poll_interval_ms(db) == BACKGROUND_POLL_INTERVAL_MS}
+    assert rarely == {AUDIT.database, DLQ_RECONCILER.database}  # anchors and quarantine notices
+    for member in (HEALTH, DIAGNOSTIC, REMEDIATION, POLICY, EXECUTOR):  # the incident's chain
+        assert member.database is not None
+        assert int(outbox_connector_config(member.database)["poll.interval.ms"]) == POLL_INTERVAL_MS
+    assert poll_interval_ms("flotilla_it_anything") == POLL_INTERVAL_MS  # not a member: fast
+    assert BACKGROUND_POLL_INTERVAL_MS > POLL_INTERVAL_MS
 
 
 def test_event_router_routes_by_aggregatetype_and_keys_by_aggregateid(config: dict[str, str]) -> None:
