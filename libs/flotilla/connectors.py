@@ -28,7 +28,9 @@ from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
 # exactly-once transaction and a read of the offsets topic) once per IDLE_RETURN_MS rather
 # than every poll. docs/operations/observability.md has the figures.
 OUTBOX_CONNECTOR_CLASS = "dev.flotilla.connect.OutboxPostgresConnector"
-IDLE_RETURN_MS = 5000
+# Connect checks whether a source task should stop only between polls, and gives up on a
+# graceful stop after 5 s (task.shutdown.graceful.timeout.ms): well below that.
+IDLE_RETURN_MS = 2000
 # How long Debezium's replication-stream reader sleeps when the WAL had nothing new: the
 # hop's worst wait for a row. Debezium's default (500 ms) would dominate every hop. Each
 # wake-up costs the reader a few timed socket reads (~0.6 % of a core per connector at 20 ms),

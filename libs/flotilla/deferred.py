@@ -234,7 +234,7 @@ class Worker(Generic[T]):
             ).fetchone()
         return None if row is None or row[0] is None else max(float(row[0]), 0.0)
 
-    def _listen_once(self, ctx: ServiceContext) -> None:
+    def start_listening(self, ctx: ServiceContext) -> None:
         """Start the thread that LISTENs for this kind's new work (the first caller does)."""
         with self._listener_lock:
             if self._listener is None:
@@ -388,7 +388,7 @@ class _WorkPace:
                 sleep = 1.0
             worker.bell.wait_past(self._seen, sleep, ctx.stopping)
         else:
-            worker._listen_once(ctx)
+            worker.start_listening(ctx)
         # Rings from here on (while the task drains) wake the next wait at once.
         self._seen = worker.bell.rings
 

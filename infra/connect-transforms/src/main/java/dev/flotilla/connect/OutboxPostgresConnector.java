@@ -2,8 +2,8 @@ package dev.flotilla.connect;
 
 import java.util.Map;
 
+import org.apache.kafka.common.config.AbstractConfig;
 import org.apache.kafka.common.config.ConfigDef;
-import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.connect.connector.Task;
 
 import io.debezium.connector.postgresql.PostgresConnector;
@@ -25,6 +25,19 @@ public class OutboxPostgresConnector extends PostgresConnector {
     public static final String IDLE_RETURN_CONFIG = "flotilla.idle.return.ms";
     public static final long IDLE_RETURN_DEFAULT_MS = 1000;
 
+    /** Our settings alone: added to Debezium's in {@link #config()}, and how a task reads them. */
+    static final ConfigDef OWN_CONFIG = new ConfigDef().define(
+            IDLE_RETURN_CONFIG,
+            ConfigDef.Type.LONG,
+            IDLE_RETURN_DEFAULT_MS,
+            // Connect looks whether a source task should stop only between polls, and gives up
+            // on a graceful stop after task.shutdown.graceful.timeout.ms (5 s by default).
+            ConfigDef.Range.between(0, 4_000),
+            ConfigDef.Importance.LOW,
+            "How long an idle task keeps polling for a row before it returns an empty batch to the worker (ms). "
+                    + "Every return ends an exactly-once transaction and flushes the slot, so a longer time is cheaper while idle; "
+                    + "a row is never held for it. At most 4000: the worker stops a task only between polls.");
+
     @Override
     public Class<? extends Task> taskClass() {
         return OutboxPostgresConnectorTask.class;
@@ -33,32 +46,13 @@ public class OutboxPostgresConnector extends PostgresConnector {
     @Override
     public ConfigDef config() {
         // A copy: Debezium's definition is shared by every connector instance.
-        return new ConfigDef(super.config()).define(
-                IDLE_RETURN_CONFIG,
-                ConfigDef.Type.LONG,
-                IDLE_RETURN_DEFAULT_MS,
-                ConfigDef.Range.between(0, 60_000),
-                ConfigDef.Importance.LOW,
-                "How long an idle task keeps polling for a row before it returns an empty batch to the worker (ms). "
-                        + "Every return ends an exactly-once transaction and flushes the slot, so a longer time is cheaper while idle; "
-                        + "a row is never held for it.");
+        ConfigDef config = new ConfigDef(super.config());
+        OWN_CONFIG.configKeys().values().forEach(config::define);
+        return config;
     }
 
-    /** {@value #IDLE_RETURN_CONFIG} from a task's settings, checked. */
+    /** {@value #IDLE_RETURN_CONFIG} from a task's settings, checked as {@link #OWN_CONFIG} says. */
     static long idleReturnMillis(Map<String, String> settings) {
-        String raw = settings.get(IDLE_RETURN_CONFIG);
-        if (raw == null || raw.isBlank()) {
-            return IDLE_RETURN_DEFAULT_MS;
-        }
-        long value;
-        try {
-            value = Long.parseLong(raw.trim());
-        } catch (NumberFormatException e) {
-            throw new ConfigException(IDLE_RETURN_CONFIG, raw, "not a whole number of milliseconds");
-        }
-        if (value < 0 || value > 60_000) {
-            throw new ConfigException(IDLE_RETURN_CONFIG, raw, "must be between 0 and 60000 ms");
-        }
-        return value;
+        return new AbstractConfig(OWN_CONFIG, settings, false).getLong(IDLE_RETURN_CONFIG);
     }
 }

@@ -49,6 +49,7 @@ class OutboxPostgresConnectorTest {
         ConfigException notANumber = assertThrows(ConfigException.class, () -> OutboxPostgresConnector.idleReturnMillis(Map.of(key, "1s")));
         assertTrue(notANumber.getMessage().contains("1s"));
         assertThrows(ConfigException.class, () -> OutboxPostgresConnector.idleReturnMillis(Map.of(key, "-1")));
-        assertThrows(ConfigException.class, () -> OutboxPostgresConnector.idleReturnMillis(Map.of(key, "60001")));
+        assertEquals(4000, OutboxPostgresConnector.idleReturnMillis(Map.of(key, "4000")));
+        assertThrows(ConfigException.class, () -> OutboxPostgresConnector.idleReturnMillis(Map.of(key, "4001")));
     }
 }
