@@ -19,6 +19,9 @@ import io.debezium.pipeline.ChangeEventSourceCoordinator;
  * <p>Three costs of an idle Debezium task under an exactly-once Connect worker, and what this
  * task does about each:
  * <ul>
+ *   <li>With {@code max.batch.size=1} (a lone row must not wait for a batch to fill) a burst
+ *       would cost a transaction per row: the task takes every event already queued into
+ *       one batch instead ({@link Drain}).
  *   <li>Every return from {@code poll()} ends a transaction, and the {@code commit()} after it
  *       makes Debezium read the offsets topic to its end to flush the slot's position: a few
  *       broker round trips. The task returns with rows at once, but empty only after
@@ -35,6 +38,8 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
 
     /** How long one wait for an event lasts before the task checks it is still running. */
     private static final long WAIT_SLICE_NANOS = 100_000_000L;
+    /** The most events one batch (one exactly-once transaction) takes: Debezium's default max.batch.size. */
+    static final int BATCH_CAP = 2048;
 
     private IdlePoll idlePoll = new IdlePoll(OutboxPostgresConnector.IDLE_RETURN_DEFAULT_MS, System::nanoTime);
     private Throttle slotFlush = new Throttle(OutboxPostgresConnector.IDLE_RETURN_DEFAULT_MS, System::nanoTime);
@@ -66,13 +71,19 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
         return batch.isEmpty() ? super.doPoll() : batch;
     }
 
-    /** Debezium's poll once an event is queued; after one wait slice without one, an empty batch. */
+    /**
+     * Once an event is queued, every event queued (up to {@link #BATCH_CAP}) through Debezium's
+     * poll, one at a time ({@link Drain}); after one wait slice without one, an empty batch.
+     */
     private List<SourceRecord> pollWhenThereIsAnEvent() throws InterruptedException {
         SignallingQueueProvider<?> queue = events;
-        if (queue == null || queue.awaitEvent(WAIT_SLICE_NANOS) || !running()) {
+        if (queue == null || !running()) {
             return super.doPoll();
         }
-        return List.of();
+        if (!queue.awaitEvent(WAIT_SLICE_NANOS)) {
+            return List.of();
+        }
+        return Drain.queued(super::doPoll, queue::hasEvent, BATCH_CAP);
     }
 
     private boolean running() {

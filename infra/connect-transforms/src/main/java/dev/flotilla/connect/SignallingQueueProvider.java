@@ -78,6 +78,11 @@ public final class SignallingQueueProvider<T> implements QueueProvider<T> {
         return events.size();
     }
 
+    /** Whether an event is queued now. */
+    boolean hasEvent() {
+        return pending.get() > 0;
+    }
+
     /** Waits up to {@code timeoutNanos} for the queue to hold an event; true when it does. */
     boolean awaitEvent(long timeoutNanos) throws InterruptedException {
         long deadline = System.nanoTime() + timeoutNanos;
