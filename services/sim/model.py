@@ -106,6 +106,11 @@ def _ms(value: float) -> float:
     return round(value, 1)
 
 
+def _touched_by(fault: Fault) -> set[str]:
+    """The services a fault shows on: the one it was raised on, and its slow dependency."""
+    return {fault.service} | ({fault.dependency} if fault.dependency is not None else set())
+
+
 def _next_revision(revision: str) -> str:
     match = re.fullmatch(r"(.*?)(\d+)", revision)
     if match is None:
@@ -124,6 +129,10 @@ class SimModel:
                 raise ValueError(f"service {service.name} declared twice")
             self._services[service.name] = copy.deepcopy(service)
         self._faults: dict[str, Fault] = {}
+        # Each service's faults (raised on it or naming it as the slow dependency), in the
+        # order they were raised: latency() runs for every service on every scrape, and
+        # scanning every fault there made a storm of K faults cost O(K) per service.
+        self._faults_on: dict[str, list[Fault]] = {}
         self._fault_seq = 0
         for service in self._services.values():
             for dep in service.dependencies:
@@ -302,21 +311,22 @@ class SimModel:
     def faults(self) -> list[Fault]:
         return list(self._faults.values())
 
+    def _faults_touching(self, name: str) -> list[Fault]:
+        return self._faults_on.get(name, [])
+
     def latency(self, name: str) -> Latency:
         service = self.service(name)
-        bad = any(
-            f.kind == "bad-deploy" and f.service == name and f.revision == service.revision
-            for f in self._faults.values()
-        )
+        faults = self._faults_touching(name)
+        bad = any(f.kind == "bad-deploy" and f.service == name and f.revision == service.revision for f in faults)
         own = service.base_ms * (BAD_DEPLOY_FACTOR if bad else 1.0)
         deps = {dep: self.latency(service.active[dep]).p95_ms for dep in service.dependencies}
         service_time = own + sum(deps.values())
-        exhausted = any(f.kind == "pool-exhausted" and f.service == name for f in self._faults.values())
+        exhausted = any(f.kind == "pool-exhausted" and f.service == name for f in faults)
         slots = service.replicas * service.pool_per_replica * (EXHAUSTED_POOL_FRACTION if exhausted else 1.0)
         utilization = service.load_rps * service_time / 1000.0 / slots
         penalty = POOL_WAIT_MS * max(0.0, utilization - 1.0)
         p95 = service_time + penalty
-        if any(f.kind == "dependency-slow" and f.slow_service == name for f in self._faults.values()):
+        if any(f.kind == "dependency-slow" and f.slow_service == name for f in faults):
             p95 *= SLOW_DEPENDENCY_FACTOR
         return Latency(
             own_ms=_ms(own),
@@ -347,7 +357,7 @@ class SimModel:
             "activeDependencies": dict(service.active),
             "p95Ms": self.p95(name),
             "thresholdMs": service.threshold_ms,
-            "faults": [f.as_json() for f in self._faults.values() if name in (f.service, f.dependency)],
+            "faults": [f.as_json() for f in self._faults_touching(name)],
         }
 
     # -- faults --------------------------------------------------------------------
@@ -369,13 +379,18 @@ class SimModel:
         self._fault_seq += 1
         fault = Fault(f"fault-{self._fault_seq}", service, kind, dependency, revision)
         self._faults[fault.id] = fault
+        for name in _touched_by(fault):
+            self._faults_on.setdefault(name, []).append(fault)
         return fault
 
     def remove_fault(self, fault_id: str) -> Fault:
         try:
-            return self._faults.pop(fault_id)
+            fault = self._faults.pop(fault_id)
         except KeyError:
             raise UnknownResource(f"unknown fault {fault_id}") from None
+        for name in _touched_by(fault):
+            self._faults_on[name].remove(fault)
+        return fault
 
     # -- actions -------------------------------------------------------------------
 

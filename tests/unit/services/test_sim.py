@@ -237,6 +237,24 @@ def test_p95_is_deterministic(ops: list[int]) -> None:
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(range(3))), max_size=12))
+def test_each_service_shows_exactly_the_faults_that_touch_it_as_they_come_and_go(
+    steps: list[tuple[bool, int]],
+) -> None:
+    # The per-service fault index (latency() must not scan every fault) against the plain
+    # definition: the faults raised on a service or naming it as the slow dependency.
+    model = SimModel.default()
+    for add, op in steps:
+        if add or not model.faults:
+            OPS[op][1](model)
+        else:
+            model.remove_fault(model.faults[op % len(model.faults)].id)
+        for name in model.names:
+            touching = [f.as_json() for f in model.faults if name in (f.service, f.dependency)]
+            assert model.describe(name)["faults"] == touching
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from(range(3)), max_size=3), st.integers(1, MAX_REPLICAS - 1))
 def test_more_replicas_never_slow_a_service_down(faults: list[int], replicas: int) -> None:
     model = SimModel.default()
