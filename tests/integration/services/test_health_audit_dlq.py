@@ -373,6 +373,41 @@ def test_health_agent_opens_one_incident_per_sustained_breach_and_verifies_recov
         loop.run()  # closes the consumer
 
 
+def test_a_tick_over_a_large_estate_takes_a_few_transactions_and_still_sees_a_breach(
+    stack: StackSettings, health: tuple[ServiceContext, HealthSettings], sim: FakeSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2,000 services, one transaction each, made a tick slower than the verification's
+    # allowed gap between samples: every recovery of a long chaos soak went unverified.
+    ctx, _ = health
+    estate = [f"estate-{i:04d}" for i in range(2000)]
+    for name in estate:
+        sim.set(name, 100.0, 500.0)
+    try:
+        scrape(ctx)  # first sight: each service gets its detector row
+        checkouts = 0
+        connection = ctx.pool.connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal checkouts
+            checkouts += 1
+            return connection(*args, **kwargs)
+
+        monkeypatch.setattr(ctx.pool, "connection", counted)
+        scrape(ctx)
+        assert checkouts < 25, f"{checkouts} transactions for one tick over {len(estate)} healthy services"
+
+        sim.set(estate[7], 900.0, 500.0)  # K = 3 breaching scrapes open it, as for any service
+        scrape(ctx, 2)
+        assert incidents_of(stack, estate[7]) == []
+        scrape(ctx)
+        assert len(incidents_of(stack, estate[7])) == 1
+        row = query(stack, HEALTH_DB, "SELECT last_p95_ms FROM detector_state WHERE service = %s", estate[8])
+        assert row == [(100.0,)]  # the quiet ones have their last sample recorded too
+    finally:
+        for name in estate:
+            sim.services.pop(name, None)
+
+
 # ======================================================================= audit
 
 
