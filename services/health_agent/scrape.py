@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from psycopg.rows import dict_row
 
 from flotilla import Envelope, Record, ServiceContext, escalation
@@ -55,6 +55,12 @@ VERIFICATIONS = Counter(
     "flotilla_health_verifications_total", "Recovery verifications decided, by verdict.", ["service", "verdict"]
 )
 SCRAPE_FAILURES = Counter("flotilla_health_scrape_failures_total", "Scrapes of the metrics source that failed.")
+TICK_SECONDS = Histogram(
+    "flotilla_health_tick_seconds",
+    "One scrape tick: the scrape, detection and verification. Ticks longer than the allowed gap "
+    "between samples (3 scrape intervals) keep recoveries from being verified.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30),
+)
 
 
 def settled(conn: psycopg.Connection[Any], service: str) -> bool:
@@ -88,6 +94,10 @@ class Scraper:
         self._failing = False
 
     def __call__(self, ctx: ServiceContext) -> None:
+        with TICK_SECONDS.time():
+            self._tick(ctx)
+
+    def _tick(self, ctx: ServiceContext) -> None:
         now = ctx.now()
         samples: list[Sample] | None
         try:

@@ -393,8 +393,10 @@ def test_a_tick_over_a_large_estate_takes_a_few_transactions_and_still_sees_a_br
             return connection(*args, **kwargs)
 
         monkeypatch.setattr(ctx.pool, "connection", counted)
+        ticks = REGISTRY.get_sample_value("flotilla_health_tick_seconds_count") or 0.0
         scrape(ctx)
         assert checkouts < 25, f"{checkouts} transactions for one tick over {len(estate)} healthy services"
+        assert REGISTRY.get_sample_value("flotilla_health_tick_seconds_count") == ticks + 1  # timed for operators
 
         sim.set(estate[7], 900.0, 500.0)  # K = 3 breaching scrapes open it, as for any service
         scrape(ctx, 2)
