@@ -90,28 +90,56 @@ class SimClient:
         self._timeout = timeout
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
-    def _get(self, client: httpx.Client, path: str) -> httpx.Response:
+    def _get(self, path: str, params: dict[str, list[str]] | None = None) -> httpx.Response:
         try:
-            response = client.get(path)
+            response = self._client.get(path, params=params)
             response.raise_for_status()
         except httpx.HTTPError as exc:
             raise SimUnavailable(f"GET {self.base_url}{path}: {exc.__class__.__name__}: {exc}") from exc
         return response
 
-    def snapshot(self) -> Topology:
-        services_response = self._get(self._client, "/services")
+    def _services(self, names: list[str] | None = None) -> dict[str, ServiceView]:
+        response = self._get("/services", None if names is None else {"name": names})
         try:
-            body = services_response.json()
+            body = response.json()
         except ValueError as exc:
             raise SimUnavailable(f"GET /services: not JSON: {exc}") from exc
-        services = parse_services(body)
+        return parse_services(body)
+
+    def snapshot(self, around: str | None = None) -> Topology:
+        """The whole estate, or with ``around`` the neighbourhood of that service: itself,
+        its dependencies and the targets it fails them over to — everything a diagnosis
+        or a plan for it reads or names. A storm over a large estate made the whole-estate
+        read most of the agents' (and the sim's) CPU; an LLM's prompt is smaller too.
+
+        A sim that ignores the filters answers with everything, which is still right."""
+        if around is None:
+            services = self._services()
+            metrics = self._get("/metrics")
+        else:
+            services = self._services([around])
+            centre = services.get(around.rpartition("/")[2])  # the sim also takes <environment>/<name>
+            neighbours = sorted(neighbourhood(centre) - services.keys()) if centre is not None else []
+            if neighbours:
+                services.update(self._services(neighbours))
+            metrics = self._get("/metrics", {"service": sorted(services)})
         # /services is authoritative for a service's own p95; /metrics adds what each
         # caller observes per dependency, and pool utilization.
-        metrics = parse_metrics(self._get(self._client, "/metrics").text)
+        parsed = parse_metrics(metrics.text)
         return Topology(
             services=services,
-            dependency_p95=metrics.dependency_p95,
-            utilization=metrics.utilization,
+            dependency_p95=parsed.dependency_p95,
+            utilization=parsed.utilization,
             observed_at=datetime.now(UTC),
             source=self.base_url,
         )
+
+
+def neighbourhood(service: ServiceView) -> set[str]:
+    """The services a diagnosis or a plan for ``service`` may read or name."""
+    return {
+        service.name,
+        *service.dependencies,
+        *service.failover_targets.values(),
+        *service.active_dependencies.values(),
+    }

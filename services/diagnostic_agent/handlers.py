@@ -90,7 +90,7 @@ class DiagnosticAgent:
         reasoner. A sim that does not answer is returned, not raised: a job retries it."""
         request = work.record.typed(DiagnosisRequested)
         try:
-            snapshot = self.sim.snapshot()
+            snapshot = self.sim.snapshot(around=request.service)
         except SimUnavailable as exc:
             return exc
         with ctx.pool.connection() as conn:
@@ -214,7 +214,9 @@ class DiagnosticAgent:
         return self._conclude(ctx, job, now, outcome)
 
     def _evidence_for(self, ctx: ServiceContext, job: jobs.Job) -> DiagnosticEvidence:
-        snapshot = self.sim.snapshot()  # SimUnavailable: the job is postponed, or gives up at its deadline
+        snapshot = self.sim.snapshot(
+            around=job.service
+        )  # SimUnavailable: the job is postponed, or gives up at its deadline
         with ctx.pool.connection() as conn:
             topology = baselines.with_baselines(conn, snapshot)
         return DiagnosticEvidence(

@@ -71,7 +71,7 @@ class RemediationAgent:
         """The slow part: the sim's topology and the reasoner's plan (SimUnavailable, or
         a model server that does not answer, raise: the worker tries again later)."""
         diagnosis = read_diagnosis(work.record.record_type, work.record.value)
-        topology = self.sim.snapshot()
+        topology = self.sim.snapshot(around=diagnosis.service)
         try:
             return self.reasoner.propose(diagnosis, topology)
         except ReasoningFailed as failure:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -70,12 +70,17 @@ _bearer = HTTPBearer(auto_error=False)
 
 
 class _SimCollector(Collector):
-    def __init__(self, state: SimState) -> None:
+    """The model's series at scrape time: every service's, or only those of ``services``
+    (plain names, as :meth:`SimState.known` gives them)."""
+
+    def __init__(self, state: SimState, services: list[str] | None = None) -> None:
         self._state = state
+        self._services = services
 
     def collect(self) -> Iterable[Metric]:
         def snapshot(model: SimModel) -> list[tuple[str, Any, Any]]:
-            return [(name, model.service(name), model.latency(name)) for name in model.names]
+            names = model.names if self._services is None else self._services
+            return [(name, model.service(name), model.latency(name)) for name in names]
 
         rows: list[tuple[str, Any, Any]] = self._state.read(snapshot)
         # Every series carries the environment too: watchers and policies scope by it.
@@ -180,12 +185,20 @@ def create_sim_app(
         return {"status": "ok", "service": "sim"}
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(service: Annotated[list[str] | None, Query()] = None) -> Response:
+        """Every series; with ``?service=a&service=b`` only those services' (an agent
+        reasoning about one incident reads its neighbourhood, not the whole estate)."""
+        if service is None:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        scoped = CollectorRegistry(auto_describe=False)
+        scoped.register(_SimCollector(state, state.known(service)))
+        return Response(generate_latest(scoped), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/services")
-    def services() -> list[dict[str, Any]]:
-        return state.services()
+    def services(name: Annotated[list[str] | None, Query()] = None) -> list[dict[str, Any]]:
+        """Every service; with ``?name=a&name=b`` only those the sim knows (unknown names
+        are left out, not an error: a caller asking for a neighbourhood gets what exists)."""
+        return state.services(name)
 
     @app.get("/services/{name:path}", response_model=None)
     def service(name: str) -> dict[str, Any] | JSONResponse:

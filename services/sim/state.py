@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from services.sim.ledger import Applied, Fingerprint, Ledger
-from services.sim.model import Fault, SimModel
+from services.sim.model import Fault, SimModel, UnknownResource
 
 
 class StaleToken(Exception):
@@ -79,9 +79,26 @@ class SimState:
 
     # -- reads ---------------------------------------------------------------------
 
-    def services(self) -> list[dict[str, Any]]:
+    def services(self, only: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every service, or those of ``only`` the sim knows (by name or
+        ``<environment>/<name>``; unknown ones are left out, each once, in the model's order)."""
         with self._lock:
-            return [self._describe(name) for name in self._model.names]
+            names = self._model.names if only is None else self._known(only)
+            return [self._describe(name) for name in names]
+
+    def known(self, only: Iterable[str]) -> list[str]:
+        """The services of ``only`` the sim knows, as plain names in the model's order."""
+        with self._lock:
+            return self._known(only)
+
+    def _known(self, only: Iterable[str]) -> list[str]:
+        wanted = set()
+        for resource in only:
+            try:
+                wanted.add(self._model.resolve(resource))
+            except UnknownResource:
+                continue
+        return [name for name in self._model.names if name in wanted]
 
     def service(self, name: str) -> dict[str, Any]:
         with self._lock:

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from flotilla_ops.samples import latency_fact
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
+from flotilla_reasoning.model import ServiceView
 from flotilla_reasoning.records import diagnosis_record
 from flotilla_reasoning.sim import parse_metrics, parse_services
 
@@ -36,7 +37,7 @@ from flotilla.records import (
 from flotilla.runner import ServiceContext, build_loop, prepare, start_periodic
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings
+from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings, baselines
 from services.diagnostic_agent import build_agent as diagnostic_spec
 from services.remediation_agent import RemediationSettings
 from services.remediation_agent import build_agent as remediation_spec
@@ -309,6 +310,60 @@ def new_incident() -> str:
 
 
 # ------------------------------------------------------------------ tests
+
+
+def test_baselines_learn_healthy_callers_only_and_not_anomalies(
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+) -> None:
+    """One statement per table per sample: a moving average for each healthy caller's
+    dependencies, nothing from a degraded caller, no sample far above its baseline; and
+    a diagnosis reads back only its own services' baselines (rolled back afterwards)."""
+    ctx, _ = diagnostic
+
+    def view(name: str, p95: float, revision: str, *dependencies: str) -> ServiceView:
+        return ServiceView(name, "staging", 2, p95, 100.0, dependencies, revision=revision)
+
+    def topology(db_ms: float, cache_ms: float) -> Topology:
+        return Topology(
+            services={
+                "t-caller": view("t-caller", 10.0, "r1", "t-db", "t-cache"),
+                "t-degraded": view("t-degraded", 500.0, "r9", "t-db"),
+            },
+            dependency_p95={
+                ("t-caller", "t-db"): db_ms,
+                ("t-caller", "t-cache"): cache_ms,
+                ("t-degraded", "t-db"): 999,
+            },
+        )
+
+    with ctx.pool.connection() as conn, conn.transaction(force_rollback=True):
+        statements = count_statements(conn)
+        assert baselines.learn(conn, topology(20.0, 5.0), weight=0.5, suspect_ratio=3.0) == 2
+        assert len(statements) == 2
+        assert baselines.learn(conn, topology(30.0, 50.0), weight=0.5, suspect_ratio=3.0) == 2
+        rows = conn.execute(
+            "SELECT service, dependency, p95_ms, samples FROM latency_baselines WHERE service LIKE 't-%'"
+        ).fetchall()
+        assert sorted(rows) == [("t-caller", "t-cache", 5.0, 1), ("t-caller", "t-db", 25.0, 2)]
+        revisions = conn.execute("SELECT service, revision FROM healthy_revisions WHERE service LIKE 't-%'")
+        assert revisions.fetchall() == [("t-caller", "r1")]
+
+        seen = baselines.with_baselines(conn, Topology(services={"t-caller": view("t-caller", 10.0, "r1")}))
+        assert seen.baselines == {("t-caller", "t-cache"): 5.0, ("t-caller", "t-db"): 25.0}
+        assert seen.healthy_revisions == {"t-caller": "r1"}
+
+
+def count_statements(conn: Any) -> list[str]:
+    """The statements ``conn`` sends from now on (psycopg's per-connection hook)."""
+    sent: list[str] = []
+    original = conn.execute
+
+    def counting(query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return original(query, *args, **kwargs)
+
+    conn.execute = counting
+    return sent
 
 
 def test_diagnosis_requested_becomes_dependency_failure_suspected(

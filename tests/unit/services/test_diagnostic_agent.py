@@ -95,6 +95,53 @@ def test_an_unreachable_sim_is_sim_unavailable() -> None:
         SimClient("http://127.0.0.1:9", timeout=1).snapshot()
 
 
+@pytest.mark.parametrize("estate", ["default", "generated"])
+def test_a_snapshot_around_a_service_reads_its_neighbourhood_only(estate: str) -> None:
+    """Against the real sim (the demo topology with its failover, and 200 generated
+    services): the service, its dependencies and their failover targets, with the same
+    values as the whole-estate snapshot, and the series of nobody else."""
+    from fastapi.testclient import TestClient
+
+    from services.sim import SimModel, create_sim_app
+
+    model = SimModel.default() if estate == "default" else SimModel.generated(200)
+    app = TestClient(create_sim_app(model, action_token="the-executors-sim-action-token", action_seconds=0))
+    asked: list[httpx.URL] = []
+
+    def through_app(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url)
+        answer = app.get(request.url.raw_path.decode())
+        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
+
+    client = sim(through_app)
+    whole = client.snapshot()
+    caller = max(whole.services.values(), key=lambda s: (len(s.failover_targets), len(s.dependencies)))
+    asked.clear()
+
+    around = client.snapshot(around=caller.name)
+    expected = {caller.name, *caller.dependencies, *caller.failover_targets.values()}
+    assert len(expected) > 1
+    if estate == "default":
+        assert "payments-api-secondary" in expected
+    assert set(around.services) == expected < set(whole.services)
+    assert all(around.services[name] == whole.services[name] for name in expected)
+    assert around.dependency_p95 == {k: v for k, v in whole.dependency_p95.items() if k[0] in expected}
+    assert around.utilization == {k: v for k, v in whole.utilization.items() if k in expected}
+    assert [url.path for url in asked] == ["/services", "/services", "/metrics"]
+    assert client.snapshot(around=f"{caller.environment}/{caller.name}").services == around.services
+
+
+def test_a_snapshot_around_an_unknown_service_has_nothing_to_reason_on() -> None:
+    assert serving(services=[]).snapshot(around="ghost-api").services == {}
+
+
+def test_a_sim_that_ignores_the_filters_still_gives_the_right_neighbourhood() -> None:
+    """An older sim answers ``?name=`` with everything: the snapshot holds more, never less."""
+    topology = serving().snapshot(around="checkout-api")
+    assert set(topology.services) == {"checkout-api", "payments-api"}
+    assert topology.services["checkout-api"].degraded
+
+
 def validator(full_name: str) -> RecordValidator:
     return RecordValidator(parse_schema(next(c.schema for c in load_contracts() if c.full_name == full_name)))
 

@@ -343,6 +343,30 @@ def test_services_listing_has_the_contract_fields() -> None:
     assert "nope" in missing.json()["error"]
 
 
+def test_services_and_metrics_narrow_to_the_named_services() -> None:
+    """``?name=`` and ``?service=`` give only the services asked for (in the model's order,
+    each once, unknown names left out): what an agent reads for one incident."""
+    client = _client()
+    listing = {s["name"]: s for s in client.get("/services").json()}
+    narrowed = client.get("/services", params={"name": ["payments-api", "nope", CHECKOUT, "production/checkout-api"]})
+    assert narrowed.status_code == 200
+    assert narrowed.json() == [listing[CHECKOUT], listing["payments-api"]]
+    assert client.get("/services", params={"name": ["nope"]}).json() == []
+
+    everything = _metrics(client)
+    response = client.get("/metrics", params={"service": [CHECKOUT, "nope"]})
+    assert response.status_code == 200
+    scoped = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    assert scoped == {key: value for key, value in everything.items() if dict(key[1])["service"] == CHECKOUT}
+    assert ("sim_dependency_latency_p95_ms", (("dependency", "payments-api"), ("service", CHECKOUT))) in scoped
+    nothing = client.get("/metrics", params={"service": ["nope"]}).text
+    assert not [s for family in text_string_to_metric_families(nothing) for s in family.samples]
+
+
 def test_faults_api() -> None:
     client = _client()
     created = client.post("/faults", json={"service": "payments-api", "kind": "dependency-slow"})
