@@ -8,15 +8,18 @@ Each tick reads the sim's metrics once, then
    ServiceLatencyIncreased then DiagnosisRequested (caused by it) in the outbox, in the
    same transaction as the incident row. A partial unique index allows one open incident
    per service, so a breach that goes on never opens a second one, whatever the process
-   does. The healthy services that stay healthy (nearly all of an estate, every tick)
-   only have their last sample recorded, all in one statement: a transaction each made a
-   tick over 2,000 services take longer than the verification's allowed gap between samples;
-2. per open verification window, in its own transaction (``FOR UPDATE SKIP LOCKED``):
+   does. Routine samples — a healthy service that stays healthy (nearly all of an
+   estate, every tick), a breach already open that goes on (every service of a storm) —
+   only move counters and the last sample, all in one statement: a transaction each made
+   a tick over 2,000 services, or 200 breaching at once, take longer than the
+   verification's allowed gap between samples;
+2. every open verification window, in one transaction (``FOR UPDATE SKIP LOCKED``):
    folds the new sample in (:mod:`.verification`) and, once decided, writes the outcome
    and emits RecoveryCompleted, RecoveryFailed (stage VERIFICATION, compensation
    required) or — when nothing could be observed — IncidentEscalated. The outcome
    column is written in the same transaction as the record and is checked under the
-   row lock, so each window emits exactly once.
+   row lock, so each window emits exactly once. Should that transaction fail, the
+   windows are taken one by one, each in its own.
 
 One service's failure (say, a record its values make invalid) does not stop the others:
 every unit has its own transaction, and a failing one is logged and retried next tick.
@@ -61,6 +64,14 @@ TICK_SECONDS = Histogram(
     "between samples (3 scrape intervals) keep recoveries from being verified.",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30),
 )
+
+
+_UPDATE_WINDOW = """
+UPDATE verifications SET run_started_at = %(run_started_at)s, run_max_p95_ms = %(run_max_p95_ms)s,
+    last_sample_at = %(last_sample_at)s, outcome = %(outcome)s, outcome_reason = %(reason)s,
+    outcome_event_id = %(event_id)s, decided_at = %(decided_at)s
+WHERE proposal_id = %(proposal)s
+"""
 
 
 def settled(conn: psycopg.Connection[Any], service: str) -> bool:
@@ -112,15 +123,15 @@ class Scraper:
             if self._failing:
                 log.info("metrics scrape works again")
             self._failing = False
-        quiet = [] if samples is None else self._quiet(ctx, samples)
-        recorded = self._record_quiet(ctx, quiet, now) if quiet else set()
+        done = self._record_routine(ctx, samples, now) if samples else set()
         for sample in samples or ():
-            if sample.key in recorded:
+            if sample.key in done:
                 continue
             self._unit(f"detect {sample.environment}/{sample.service}", partial(self._detect, ctx, sample, now))
         by_key = {s.key: s for s in samples or ()}
-        for proposal in self._open_windows(ctx):
-            self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, samples is not None))
+        if not self._verify_all(ctx, by_key, now, samples is not None):
+            for proposal in self._open_windows(ctx):
+                self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, samples is not None))
 
     @staticmethod
     def _unit(what: str, run: Callable[[], None]) -> None:
@@ -133,41 +144,70 @@ class Scraper:
 
     # ------------------------------------------------------------ detection
 
-    @staticmethod
-    def _quiet(ctx: ServiceContext, samples: list[Sample]) -> list[Sample]:
-        """The samples that leave their service's detector state as it is: healthy, on a
-        service settled in the default state (read without a lock; :meth:`_record_quiet`
-        checks it again). A healthy scrape of such a service changes nothing but its last sample."""
-        with ctx.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT environment, service FROM detector_state "
-                "WHERE phase = %s AND breach_streak = 0 AND healthy_streak = 0",
-                (Phase.HEALTHY.value,),
-            ).fetchall()
-        settled_keys = {(str(e), str(s)) for e, s in rows}
-        return [s for s in samples if s.key in settled_keys and not is_breaching(s.p95_ms, s.threshold_ms)]
+    def _record_routine(self, ctx: ServiceContext, samples: list[Sample], now: datetime) -> set[tuple[str, str]]:
+        """Record, in two statements, the samples that change no more than counters: a
+        healthy service that stays healthy (nearly all of an estate, every tick), and a
+        breach already open that goes on (every service of a storm until its recovery).
+        A transaction per service made a tick over 2,000 services, or 200 breaching at
+        once, longer than the verification's allowed gap between samples.
 
-    def _record_quiet(self, ctx: ServiceContext, quiet: list[Sample], now: datetime) -> set[tuple[str, str]]:
-        """Record the last sample of services that stay healthy, in one statement, and only
-        where the row is still settled; the keys recorded (any other goes the long way)."""
+        Returns the keys done with: those recorded, and those another replica counted
+        less than half an interval ago (left alone, as :meth:`_detect` would). Every
+        other sample (a streak that starts or ends, an unknown service) goes the long way.
+        The state is read without a lock; each statement checks it again under its own."""
+        cutoff = now - self._interval / 2
         with ctx.pool.connection() as conn:
             rows = conn.execute(
-                "UPDATE detector_state AS d "
-                "SET last_p95_ms = q.p95, threshold_ms = q.threshold, last_scraped_at = %s "
-                "FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[]) "
-                "AS q(environment, service, p95, threshold) "
-                "WHERE d.environment = q.environment AND d.service = q.service "
-                "AND d.phase = %s AND d.breach_streak = 0 AND d.healthy_streak = 0 "
-                "RETURNING d.environment, d.service",
-                (
-                    now,
-                    [s.environment for s in quiet],
-                    [s.service for s in quiet],
-                    [s.p95_ms for s in quiet],
-                    [s.threshold_ms for s in quiet],
-                    Phase.HEALTHY.value,
-                ),
+                "SELECT environment, service, phase, breach_streak, healthy_streak, last_scraped_at FROM detector_state"
             ).fetchall()
+            state = {(str(r[0]), str(r[1])): r[2:] for r in rows}
+            counted: set[tuple[str, str]] = set()
+            routine: list[Sample] = []
+            for sample in samples:
+                row = state.get(sample.key)
+                if row is None:
+                    continue
+                phase, breach_streak, healthy_streak, last = row
+                breach = is_breaching(sample.p95_ms, sample.threshold_ms)
+                if last is not None and last > cutoff:
+                    counted.add(sample.key)
+                elif healthy_streak == 0 and (
+                    (phase == Phase.HEALTHY.value and breach_streak == 0 and not breach)
+                    or (phase == Phase.BREACHING.value and breach)
+                ):
+                    routine.append(sample)
+            return counted | self._record(conn, routine, now, cutoff)
+
+    @staticmethod
+    def _record(
+        conn: psycopg.Connection[Any], samples: list[Sample], now: datetime, cutoff: datetime
+    ) -> set[tuple[str, str]]:
+        """One UPDATE for routine samples of one kind: ``breach_streak`` goes up by one on a
+        breach that goes on, nothing else but the last sample changes."""
+        if not samples:
+            return set()
+        rows = conn.execute(
+            "UPDATE detector_state AS d "
+            "SET breach_streak = d.breach_streak + (d.phase = %(breaching)s)::int, "
+            "last_p95_ms = q.p95, threshold_ms = q.threshold, last_scraped_at = %(now)s "
+            "FROM unnest(%(environments)s::text[], %(services)s::text[], %(p95)s::float8[], %(thresholds)s::float8[]) "
+            "AS q(environment, service, p95, threshold) "
+            "WHERE d.environment = q.environment AND d.service = q.service AND d.healthy_streak = 0 "
+            "AND (d.last_scraped_at IS NULL OR d.last_scraped_at <= %(cutoff)s) "
+            "AND CASE WHEN q.p95 > q.threshold THEN d.phase = %(breaching)s "
+            "ELSE d.phase = %(healthy)s AND d.breach_streak = 0 END "
+            "RETURNING d.environment, d.service",
+            {
+                "now": now,
+                "cutoff": cutoff,
+                "environments": [s.environment for s in samples],
+                "services": [s.service for s in samples],
+                "p95": [s.p95_ms for s in samples],
+                "thresholds": [s.threshold_ms for s in samples],
+                "breaching": Phase.BREACHING.value,
+                "healthy": Phase.HEALTHY.value,
+            },
+        ).fetchall()
         return {(str(e), str(s)) for e, s in rows}
 
     def _detect(self, ctx: ServiceContext, sample: Sample, now: datetime) -> None:
@@ -272,6 +312,28 @@ class Scraper:
             ).fetchall()
         return [str(r[0]) for r in rows]
 
+    def _verify_all(
+        self, ctx: ServiceContext, samples: Mapping[tuple[str, str], Sample], now: datetime, scraped: bool
+    ) -> bool:
+        """Every open window not held by another replica, in one transaction (a storm keeps
+        hundreds open at once). False when that failed for any reason but a lost database:
+        the caller then goes window by window, so one bad window cannot hold up the rest."""
+        try:
+            with ctx.pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(
+                    "SELECT * FROM verifications WHERE outcome IS NULL ORDER BY started_at FOR UPDATE SKIP LOCKED"
+                ).fetchall()
+                folded = [(row, self._fold(ctx, conn, row, samples, now, scraped)) for row in rows]
+                cur.executemany(_UPDATE_WINDOW, [update for _, (update, _) in folded])
+        except psycopg.OperationalError:
+            raise
+        except Exception:
+            log.exception("verifying the open windows together failed; going one by one")
+            return False
+        for row, (_, outcome) in folded:
+            self._report(row, outcome)
+        return True
+
     def _verify(
         self,
         ctx: ServiceContext,
@@ -287,42 +349,59 @@ class Scraper:
             ).fetchone()
             if row is None:
                 return  # decided meanwhile, or another replica holds it
-            window = Window(
-                started_at=row["started_at"],
-                length=timedelta(seconds=row["window_seconds"]),
-                run_started_at=row["run_started_at"],
-                run_max_p95=row["run_max_p95_ms"],
-                last_sample_at=row["last_sample_at"],
+            update, outcome = self._fold(ctx, conn, row, samples, now, scraped)
+            cur.execute(_UPDATE_WINDOW, update)
+        self._report(row, outcome)
+
+    def _fold(
+        self,
+        ctx: ServiceContext,
+        conn: psycopg.Connection[Any],
+        row: Mapping[str, Any],
+        samples: Mapping[tuple[str, str], Sample],
+        now: datetime,
+        scraped: bool,
+    ) -> tuple[dict[str, Any], Outcome | None]:
+        """Fold this tick's sample into the locked window ``row``; emit its outcome once
+        decided. Returns the row's update (for ``_UPDATE_WINDOW``) and the outcome."""
+        window = Window(
+            started_at=row["started_at"],
+            length=timedelta(seconds=row["window_seconds"]),
+            run_started_at=row["run_started_at"],
+            run_max_p95=row["run_max_p95_ms"],
+            last_sample_at=row["last_sample_at"],
+        )
+        sample = samples.get((row["environment"], row["service"])) if scraped else None
+        outcome: Outcome | None
+        if sample is None:
+            outcome = observe_nothing(window, at=now)
+        else:
+            window, outcome = observe_window(
+                window, p95_ms=sample.p95_ms, threshold_ms=sample.threshold_ms, at=now, max_gap=self._max_gap
             )
-            sample = samples.get((row["environment"], row["service"])) if scraped else None
-            outcome: Outcome | None
-            if sample is None:
-                outcome = observe_nothing(window, at=now)
-            else:
-                window, outcome = observe_window(
-                    window, p95_ms=sample.p95_ms, threshold_ms=sample.threshold_ms, at=now, max_gap=self._max_gap
-                )
-            event_id = None
-            if outcome is not None:
-                event_id = self._emit_outcome(ctx, conn, row, window, outcome, now)
-            cur.execute(
-                "UPDATE verifications SET run_started_at = %s, run_max_p95_ms = %s, last_sample_at = %s, "
-                "outcome = %s, outcome_reason = %s, outcome_event_id = %s, decided_at = %s WHERE proposal_id = %s",
-                (
-                    window.run_started_at,
-                    window.run_max_p95,
-                    window.last_sample_at,
-                    None if outcome is None else outcome.verdict.value,
-                    None if outcome is None else outcome.reason,
-                    event_id,
-                    None if outcome is None else now,
-                    proposal,
-                ),
-            )
+        event_id = None if outcome is None else self._emit_outcome(ctx, conn, row, window, outcome, now)
+        update = {
+            "proposal": row["proposal_id"],
+            "run_started_at": window.run_started_at,
+            "run_max_p95_ms": window.run_max_p95,
+            "last_sample_at": window.last_sample_at,
+            "outcome": None if outcome is None else outcome.verdict.value,
+            "reason": None if outcome is None else outcome.reason,
+            "event_id": event_id,
+            "decided_at": None if outcome is None else now,
+        }
+        return update, outcome
+
+    @staticmethod
+    def _report(row: Mapping[str, Any], outcome: Outcome | None) -> None:
         if outcome is not None:
             VERIFICATIONS.labels(row["service"], outcome.verdict.value).inc()
             log.info(
-                "%s: verification of proposal %s %s: %s", row["incident_id"], proposal, outcome.verdict, outcome.reason
+                "%s: verification of proposal %s %s: %s",
+                row["incident_id"],
+                row["proposal_id"],
+                outcome.verdict,
+                outcome.reason,
             )
 
     def _emit_outcome(

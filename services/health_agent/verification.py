@@ -64,6 +64,8 @@ def observe(
     """Fold one sample into the window; an Outcome when the verification is decided."""
     if at < window.started_at:
         return window, None  # taken before the last step ran: says nothing about it
+    if window.last_sample_at is not None and at <= window.last_sample_at:
+        return window, None  # a replica's older scrape, folded after a newer one: already past it
     run_start, run_max = window.run_started_at, window.run_max_p95
     if window.last_sample_at is not None and at - window.last_sample_at > max_gap:
         run_start, run_max = None, None  # not observed in between: start over

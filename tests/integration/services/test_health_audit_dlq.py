@@ -405,6 +405,23 @@ def test_a_tick_over_a_large_estate_takes_a_few_transactions_and_still_sees_a_br
         assert len(incidents_of(stack, estate[7])) == 1
         row = query(stack, HEALTH_DB, "SELECT last_p95_ms FROM detector_state WHERE service = %s", estate[8])
         assert row == [(100.0,)]  # the quiet ones have their last sample recorded too
+
+        # A storm: 300 more breach at once. Once their incidents are open, a breach that
+        # goes on is routine too: counted in the same few statements, never a second incident.
+        storm = estate[100:400]
+        for name in storm:
+            sim.set(name, 900.0, 500.0)
+        scrape(ctx, 3)
+        assert all(len(incidents_of(stack, name)) == 1 for name in storm[::50])
+        checkouts = 0
+        scrape(ctx)
+        assert checkouts < 25, f"{checkouts} transactions for one tick over {len(storm) + 1} open breaches"
+        scrape(ctx)
+        streaks = query(
+            stack, HEALTH_DB, "SELECT breach_streak, last_p95_ms FROM detector_state WHERE service = %s", storm[0]
+        )
+        assert streaks == [(5, 900.0)]
+        assert all(len(incidents_of(stack, name)) == 1 for name in (estate[7], *storm[::50]))
     finally:
         for name in estate:
             sim.services.pop(name, None)

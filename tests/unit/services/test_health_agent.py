@@ -168,6 +168,16 @@ def test_a_gap_in_the_samples_restarts_the_healthy_run() -> None:
     assert verdicts == [None] * 6 + [Verdict.COMPLETED]
 
 
+def test_a_replicas_older_sample_folded_after_a_newer_one_changes_nothing() -> None:
+    """Two health replicas fold their scrapes into the same window in either order: one
+    taken before the newest already folded neither rewinds the window nor restarts its run."""
+    window, verdicts = verify([(0, 300), (2, 300)])
+    late, outcome = observe_window(window, p95_ms=1800, threshold_ms=500, at=T0 + timedelta(seconds=1), max_gap=GAP)
+    assert (late, outcome) == (window, None)
+    _, verdicts = verify([(3, 300), (5, 300)], window=late)
+    assert verdicts == [None, Verdict.COMPLETED]
+
+
 def test_no_samples_at_all_is_unverifiable_after_three_windows() -> None:
     window = Window(started_at=T0, length=W)
     assert observe_nothing(window, at=T0 + 3 * W - timedelta(milliseconds=1)) is None
