@@ -11,8 +11,9 @@ For each record of a poll batch:
 4. run the handler, which changes state and appends outgoing records to the outbox;
 5. advance the workflow state and the per-incident budgets.
 
-All of it commits in one database transaction, and only then are the Kafka offsets
-committed: a crash in between means redelivery, which step 2 absorbs.
+All of it commits in one database transaction, and only then are the batch's Kafka
+offsets stored (librdkafka commits stored offsets every second, on revoke and on close):
+a crash in between means redelivery, which step 2 absorbs.
 
 A batch first runs on the fast path — one transaction, claims and workflow state in
 bulk, statements pipelined. If any record fails there, the batch is rolled back and
@@ -63,9 +64,12 @@ from flotilla.workflow import (
 log = logging.getLogger(__name__)
 
 # Commit errors that mean "these partitions are no longer yours", not "Kafka is broken".
-_LOST_PARTITIONS = frozenset(
-    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS}
-)
+# What storing offsets answers when none of the partitions is assigned here any more
+# (_UNKNOWN_PARTITION once the client no longer holds the partition at all).
+_LOST_PARTITIONS = frozenset({KafkaError._STATE, KafkaError._UNKNOWN_PARTITION})
+
+# Offsets stored after each batch reach the group this often (and on revoke and close).
+DEFAULT_COMMIT_INTERVAL_MS = 1000
 
 _REPORT_IDS = uuid.UUID("3f0c2a6e-9b7d-4c1e-8a55-1d2e3f4a5b6c")  # namespace of refusal reports' ids
 
@@ -84,7 +88,7 @@ class LoopConfig:
     # them all, so lingering only delays the first record after a quiet spell (measured:
     # 5 ms of linger cost ~4 ms per hop, p50 171 -> 155 ms end to end without it).
     batch_linger: float = 0.0
-    batch_transactions: bool = True  # False: one transaction (and offset commit) per record
+    batch_transactions: bool = True  # False: one transaction (and offset store) per record
     # Pipeline mode saves round trips, but a pipelined session never looks idle to the
     # server, so idle_in_transaction_session_timeout cannot end a transaction whose process
     # froze mid-handler. A loop whose handlers wait on the outside world (the executor)
@@ -96,6 +100,8 @@ class LoopConfig:
     follow_workflow: bool = True  # gate incident records on the workflow state machine
     # How often librdkafka reports statistics, from which flotilla_consumer_lag is read; 0: never.
     stats_interval_ms: int = 5000
+    # How often the offsets stored after each batch's transaction are committed to the group.
+    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
     budgets: Budgets | None = None  # enforce per-incident budgets (one service owns this)
     kafka: Mapping[str, str | int | bool] = field(default_factory=dict)
     # A record's schema id must be registered under <topic>-<record name> for the topic it
@@ -171,18 +177,27 @@ def group_consumer_config(
     lag: metrics.ConsumerLag,
     stats_interval_ms: int,
     overrides: Mapping[str, str | int | bool],
+    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS,
 ) -> dict[str, Any]:
-    """librdkafka settings of a group member that commits offsets itself, after its transaction.
+    """librdkafka settings of a group member that marks a record done only after its transaction.
 
-    Auto-commit and auto offset store are off: an offset is committed only once the
-    batch's database transaction has. ``lag`` receives librdkafka's statistics, from
-    which ``flotilla_consumer_lag`` is read; ``overrides`` win.
+    Auto offset store is off: the loop stores a batch's offsets once its database
+    transaction has committed (``store_offsets``), and librdkafka commits what is stored
+    every ``commit_interval_ms``, when partitions are revoked and on close. A member
+    killed between two commits re-reads at most that interval's records, which the
+    processed-events claims absorb; committing after every batch instead cost a
+    synchronous round trip per batch and an OffsetCommit request per batch per group,
+    a large share of the broker's work in a storm (docs/operations/chaos.md).
+    ``lag`` receives librdkafka's statistics, from which ``flotilla_consumer_lag`` is
+    read; ``overrides`` win.
     """
     conf: dict[str, Any] = {
         **connection,
         "group.id": group,
-        "enable.auto.commit": False,
+        "enable.auto.commit": True,
+        "auto.commit.interval.ms": commit_interval_ms,
         "enable.auto.offset.store": False,
+        "on_commit": _report_failed_commit,
         "auto.offset.reset": "earliest",
         # The broker answers a fetch as soon as a record arrives (or a transaction commits);
         # this only bounds how often an idle member asks again (50 ms made the idle broker
@@ -220,12 +235,21 @@ def poll_batch(consumer: Consumer, *, poll_timeout: float, batch_size: int, ling
     return records
 
 
-def commit_offsets(consumer: Consumer, msgs: Iterable[Message]) -> None:
-    """Commit past ``msgs`` (their batch's transaction has committed), synchronously.
+def _report_failed_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    """librdkafka's answer to a background commit: only a failure is worth a line (the
+    offsets stay stored and go with the next commit; a lost partition's are redelivered)."""
+    if error is not None and error.code() != KafkaError._NO_OFFSET:
+        log.warning("offset commit failed (%s); retried with the next one", error)
 
-    A commit refused because the group moved the partitions away is logged, not raised:
-    the database transaction already committed, and whoever owns the partitions now
-    gets these records again and its dedupe absorbs them.
+
+def store_offsets(consumer: Consumer, msgs: Iterable[Message]) -> None:
+    """Mark ``msgs`` done (their batch's transaction has committed): the next auto-commit
+    takes the group past them.
+
+    Offsets of partitions the group has meanwhile moved to another member are refused
+    (librdkafka stores nothing for a partition not assigned here); that is logged, not
+    raised: the database transaction already committed, and whoever owns the partitions
+    now gets these records again and its dedupe absorbs them.
     """
     highest: dict[tuple[str, int], int] = {}
     for msg in msgs:
@@ -233,12 +257,12 @@ def commit_offsets(consumer: Consumer, msgs: Iterable[Message]) -> None:
         highest[key] = max(highest.get(key, -1), msg.offset() or 0)
     offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
     try:
-        consumer.commit(offsets=offsets, asynchronous=False)
+        consumer.store_offsets(offsets=offsets)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if not isinstance(error, KafkaError) or error.code() not in _LOST_PARTITIONS:
             raise
-        log.warning("offsets not committed (%s): partitions were reassigned; redelivery is deduped", error)
+        log.warning("offsets not stored (%s): partitions were reassigned; redelivery is deduped", error)
 
 
 class ConsumerLoop:
@@ -259,7 +283,7 @@ class ConsumerLoop:
         self._outbox = Outbox(serde, config.emits)
         self._pool = pool
         self._handlers = dict(handlers)
-        self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets
+        self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets are stored
         self._stopping = threading.Event()
         self._connection = settings.kafka_client()
         self._dlq = DeadLetterPublisher(self._connection, config.name)
@@ -275,12 +299,13 @@ class ConsumerLoop:
             lag=self._lag,
             stats_interval_ms=self.config.stats_interval_ms,
             overrides=self.config.kafka,
+            commit_interval_ms=self.config.commit_interval_ms,
         )
 
     # ---------------------------------------------------------------- lifecycle
 
     def stop(self, *_: object) -> None:
-        """Ask the loop to finish the batch in hand, commit, and return."""
+        """Ask the loop to finish the batch in hand, store its offsets, and return (closing commits them)."""
         self._stopping.set()
 
     def install_signal_handlers(self) -> None:
@@ -296,7 +321,8 @@ class ConsumerLoop:
         return self._stopping.is_set()
 
     def run(self) -> None:
-        """Poll and process until stop(); the last batch is always finished and committed."""
+        """Poll and process until stop(); the last batch is always finished, and its offsets
+        committed as the consumer closes."""
         try:
             while not self._stopping.is_set():
                 self.poll_once()
@@ -323,7 +349,7 @@ class ConsumerLoop:
     # --------------------------------------------------------------- processing
 
     def process(self, msgs: list[Message]) -> None:
-        """Process records and commit: one transaction per batch, or per record."""
+        """Process records and store their offsets: one transaction per batch, or per record."""
         if self.config.batch_transactions:
             self._process_batch(msgs)
         else:
@@ -350,7 +376,7 @@ class ConsumerLoop:
                 time.sleep(self._backoff(attempt + 1))
         if self._on_committed is not None:
             self._on_committed(msgs)
-        self._commit_offsets(msgs)
+        self._store_offsets(msgs)
         metrics.BATCH_SECONDS.labels(self.config.name).observe(time.perf_counter() - started)
 
     def _run(self, conn: psycopg.Connection[Any], items: list[_Item]) -> None:
@@ -683,8 +709,8 @@ class ConsumerLoop:
         if sent:
             self._dlq.flush()
 
-    def _commit_offsets(self, msgs: Iterable[Message]) -> None:
-        commit_offsets(self._consumer, msgs)
+    def _store_offsets(self, msgs: Iterable[Message]) -> None:
+        store_offsets(self._consumer, msgs)
 
     def _backoff(self, attempt: int) -> float:
         return float(min(self.config.backoff_max, self.config.backoff_initial * 2 ** (attempt - 1)))

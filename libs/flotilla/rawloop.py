@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, Message
 from psycopg_pool import ConnectionPool
 
 from flotilla import metrics
-from flotilla.consumer import commit_offsets, group_consumer_config, poll_batch
+from flotilla.consumer import group_consumer_config, poll_batch, store_offsets
 from flotilla.settings import KafkaTarget, kafka_connection
 
 __all__ = ["AfterCommit", "BatchHandler", "RawLoop"]
@@ -42,11 +42,12 @@ BatchHandler = Callable[[psycopg.Connection[Any], list[Message]], AfterCommit | 
 
 
 class RawLoop:
-    """Consume ``topics`` undecoded; ``handle`` each batch in one transaction, then commit offsets.
+    """Consume ``topics`` undecoded; ``handle`` each batch in one transaction, then store its offsets.
 
     A failed batch (the database is down, a deadlock) is retried in place with capped
     backoff until it commits or the loop is asked to stop; offsets of a batch that did
-    not commit are never committed, so a restart redelivers it. Handlers must therefore
+    not commit are never stored, so a restart redelivers it (as it may redeliver the last
+    second's batches, whose stored offsets the group had not committed yet). Handlers must therefore
     be idempotent per record (both users dedupe by topic/partition/offset), and must not
     fail on content: they store bytes, so poison cannot block a partition here.
     """
@@ -104,7 +105,7 @@ class RawLoop:
         self._lag.clear()
 
     def poll_once(self, stopping: threading.Event | None = None) -> int:
-        """One poll batch, handled and committed; returns how many records it held."""
+        """One poll batch, handled in a transaction and its offsets stored; returns how many records it held."""
         if not self._subscribed:
             self._consumer.subscribe(list(self.topics))
             self._subscribed = True
@@ -117,7 +118,7 @@ class RawLoop:
         after = self._commit_batch(records, stopping)
         if after is None:
             return 0  # asked to stop before the batch committed: redelivered after a restart
-        commit_offsets(self._consumer, records)
+        store_offsets(self._consumer, records)
         after()
         return len(records)
 

@@ -1,4 +1,5 @@
-"""Offset commits after the group took our partitions away must not end a loop (either one)."""
+"""Offsets are stored after a batch's transaction (and committed by librdkafka); storing them
+after the group took our partitions away must not end a loop (either one)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from flotilla.consumer import ConsumerLoop, LoopConfig, commit_offsets
+from flotilla.consumer import ConsumerLoop, LoopConfig, store_offsets
 from flotilla.rawloop import RawLoop
 from flotilla.settings import StackSettings
 from tests.support.messages import FakeMessage
@@ -20,7 +21,7 @@ class _Consumer:
     def __init__(self, error: int | None, records: list[Any] | None = None) -> None:
         self.error = error
         self.records = list(records or [])
-        self.committed: list[list[TopicPartition]] = []
+        self.stored: list[list[TopicPartition]] = []
 
     def subscribe(self, topics: list[str]) -> None:
         pass
@@ -32,8 +33,8 @@ class _Consumer:
         taken, self.records = self.records[:num_messages], self.records[num_messages:]
         return taken
 
-    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
-        self.committed.append(offsets)
+    def store_offsets(self, offsets: list[TopicPartition]) -> None:
+        self.stored.append(offsets)
         if self.error is not None:
             raise KafkaException(KafkaError(self.error))
 
@@ -56,28 +57,48 @@ def _msgs() -> list[Any]:
     return [FakeMessage(partition=0, offset=5), FakeMessage(partition=0, offset=7), FakeMessage(partition=3, offset=2)]
 
 
-def test_offsets_committed_are_one_past_the_highest_per_partition() -> None:
+def test_offsets_stored_are_one_past_the_highest_per_partition() -> None:
     fake = _Consumer(None)
-    commit_offsets(fake, _msgs())  # type: ignore[arg-type]
-    assert {(tp.topic, tp.partition, tp.offset) for tp in fake.committed[0]} == {
+    store_offsets(fake, _msgs())  # type: ignore[arg-type]
+    assert {(tp.topic, tp.partition, tp.offset) for tp in fake.stored[0]} == {
         ("incidents", 0, 8),
         ("incidents", 3, 3),
     }
 
 
-@pytest.mark.parametrize(
-    "code", [KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS]
-)
-def test_a_commit_refused_because_partitions_moved_is_survived(code: int) -> None:
-    loop, fake = _loop(code)
-    loop._commit_offsets(_msgs())  # logs, does not raise: redelivery is deduped
-    assert fake.committed
+def test_offsets_refused_because_partitions_moved_are_survived() -> None:
+    loop, fake = _loop(KafkaError._STATE)  # what librdkafka answers for partitions not assigned here
+    loop._store_offsets(_msgs())  # logs, does not raise: redelivery is deduped
+    assert fake.stored
 
 
-def test_other_commit_failures_still_raise() -> None:
-    loop, _ = _loop(KafkaError._TRANSPORT)
+def test_the_real_clients_answer_for_a_partition_it_does_not_hold_is_survived() -> None:
+    # librdkafka itself, no broker: nothing is assigned, so nothing can be stored.
+    real = Consumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "t", "enable.auto.offset.store": False})
+    try:
+        store_offsets(real, _msgs())  # type: ignore[arg-type]
+    finally:
+        real.close()
+
+
+def test_other_store_failures_still_raise() -> None:
+    loop, _ = _loop(KafkaError._INVALID_ARG)
     with pytest.raises(KafkaException):
-        loop._commit_offsets(_msgs())
+        loop._store_offsets(_msgs())
+
+
+def test_librdkafka_commits_what_the_loop_stored_every_second() -> None:
+    conf = _loop(None)[0].kafka_config()
+    assert conf["enable.auto.offset.store"] is False  # only offsets of committed transactions
+    assert conf["enable.auto.commit"] is True and conf["auto.commit.interval.ms"] == 1000
+    quick = ConsumerLoop(
+        LoopConfig(name="t", topics=("t",), source="/t", commit_interval_ms=200),
+        StackSettings(),
+        serde=None,  # type: ignore[arg-type]
+        pool=None,  # type: ignore[arg-type]
+        handlers={},
+    )
+    assert quick.kafka_config()["auto.commit.interval.ms"] == 200
 
 
 class _Pool:
@@ -88,7 +109,7 @@ class _Pool:
         yield SimpleNamespace(transaction=nullcontext)
 
 
-def test_the_raw_loop_survives_a_commit_refused_after_a_rebalance() -> None:
+def test_the_raw_loop_survives_offsets_refused_after_a_rebalance() -> None:
     handled: list[int] = []
     loop = RawLoop(
         group="raw-t",
@@ -97,10 +118,10 @@ def test_the_raw_loop_survives_a_commit_refused_after_a_rebalance() -> None:
         pool=_Pool(),  # type: ignore[arg-type]
         handle=lambda conn, records: handled.append(len(records)) or None,
     )
-    fake = _Consumer(KafkaError.REBALANCE_IN_PROGRESS, records=_msgs())
+    fake = _Consumer(KafkaError._STATE, records=_msgs())
     loop._consumer = fake  # type: ignore[assignment]
     assert loop.poll_once() == 3  # handled and committed in the database; the offsets were refused
-    assert handled == [3] and fake.committed
-    loop._consumer = _Consumer(KafkaError._TRANSPORT, records=_msgs())  # type: ignore[assignment]
+    assert handled == [3] and fake.stored
+    loop._consumer = _Consumer(KafkaError._INVALID_ARG, records=_msgs())  # type: ignore[assignment]
     with pytest.raises(KafkaException):
         loop.poll_once()

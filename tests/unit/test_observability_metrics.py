@@ -88,7 +88,7 @@ def test_the_consumer_loop_asks_librdkafka_for_statistics() -> None:
     conf = loop.kafka_config()
     assert conf["statistics.interval.ms"] == LoopConfig.stats_interval_ms > 0
     assert conf["stats_cb"] is loop._lag and loop._lag.consumer == "lag-loop"
-    assert conf["enable.auto.commit"] is False and conf["group.id"] == "lag-loop"
+    assert conf["enable.auto.offset.store"] is False and conf["group.id"] == "lag-loop"
 
 
 def test_statistics_can_be_turned_off_and_kafka_overrides_still_win() -> None:
@@ -110,7 +110,7 @@ def test_the_raw_loop_reports_lag_like_the_consumer_loop() -> None:
     conf = loop.kafka_config()
     assert conf["stats_cb"] is loop._lag and loop._lag.consumer == "raw-lag"
     assert conf["statistics.interval.ms"] == 5000
-    assert conf["enable.auto.commit"] is False and conf["enable.auto.offset.store"] is False
+    assert conf["enable.auto.commit"] is True and conf["enable.auto.offset.store"] is False
     assert "stats_cb" not in _raw_loop(stats_interval_ms=0).kafka_config()
 
 
