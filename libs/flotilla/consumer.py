@@ -63,9 +63,9 @@ from flotilla.workflow import (
 
 log = logging.getLogger(__name__)
 
-# Commit errors that mean "these partitions are no longer yours", not "Kafka is broken".
 # What storing offsets answers when none of the partitions is assigned here any more
-# (_UNKNOWN_PARTITION once the client no longer holds the partition at all).
+# (_UNKNOWN_PARTITION once the client no longer holds the partition at all): "these
+# partitions are no longer yours", not "Kafka is broken".
 _LOST_PARTITIONS = frozenset({KafkaError._STATE, KafkaError._UNKNOWN_PARTITION})
 
 # Offsets stored after each batch reach the group this often (and on revoke and close).

@@ -46,10 +46,11 @@ class RawLoop:
 
     A failed batch (the database is down, a deadlock) is retried in place with capped
     backoff until it commits or the loop is asked to stop; offsets of a batch that did
-    not commit are never stored, so a restart redelivers it (as it may redeliver the last
-    second's batches, whose stored offsets the group had not committed yet). Handlers must therefore
-    be idempotent per record (both users dedupe by topic/partition/offset), and must not
-    fail on content: they store bytes, so poison cannot block a partition here.
+    not commit are never stored, so a restart redelivers it (as it may redeliver the
+    last second's batches, whose stored offsets the group had not committed yet).
+    Handlers must therefore be idempotent per record (both users dedupe by
+    topic/partition/offset), and must not fail on content: they store bytes, so poison
+    cannot block a partition here.
     """
 
     def __init__(

@@ -39,10 +39,10 @@ class _Consumer:
             raise KafkaException(KafkaError(self.error))
 
 
-def _loop(error: int | None) -> tuple[ConsumerLoop, _Consumer]:
+def _loop(error: int | None, **config: Any) -> tuple[ConsumerLoop, _Consumer]:
     # Nothing connects: Consumer/Producer construction is lazy, and no pool is used here.
     loop = ConsumerLoop(
-        LoopConfig(name="t", topics=("t",), source="/t"),
+        LoopConfig(name="t", topics=("t",), source="/t", **config),
         StackSettings(),
         serde=None,
         pool=None,
@@ -91,13 +91,7 @@ def test_librdkafka_commits_what_the_loop_stored_every_second() -> None:
     conf = _loop(None)[0].kafka_config()
     assert conf["enable.auto.offset.store"] is False  # only offsets of committed transactions
     assert conf["enable.auto.commit"] is True and conf["auto.commit.interval.ms"] == 1000
-    quick = ConsumerLoop(
-        LoopConfig(name="t", topics=("t",), source="/t", commit_interval_ms=200),
-        StackSettings(),
-        serde=None,  # type: ignore[arg-type]
-        pool=None,  # type: ignore[arg-type]
-        handlers={},
-    )
+    quick, _ = _loop(None, commit_interval_ms=200)
     assert quick.kafka_config()["auto.commit.interval.ms"] == 200
 
 
