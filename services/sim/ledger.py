@@ -4,13 +4,15 @@
   it and changes nothing);
 - the newest fencing token admitted per resource (an older holder is refused);
 - how many requests arrived and how many applied per key: the ground truth the chaos
-  soak and the storm benchmark check "exactly once" against.
+  soak and the storm benchmark check "exactly once" against;
+- the faults raised and cleared, in order with the actions: a broken production does
+  not heal because the process simulating it restarted.
 
 In memory by default (a sim restart forgets it, as the demo wants). With a file
 (``FLOTILLA_SIM_LEDGER_FILE``) every change is committed to SQLite before the sim
-answers, so a SIGKILLed sim comes back remembering every key, token and count, and
-rebuilds its services' state by re-applying the recorded actions in order. Faults are
-not kept: they are the test's injections, not the target's state.
+answers, so a SIGKILLed sim comes back remembering every key, token, count and fault,
+and rebuilds its services' state by replaying faults and actions in the order they
+happened (a bad deploy changes the revision a later rollback names).
 
 SQLite because the sim is one process on one machine that must survive its own crash;
 it is a stand-in for the target system's own durable store, not for a service database.
@@ -39,6 +41,15 @@ CREATE TABLE IF NOT EXISTS applied (
 );
 CREATE TABLE IF NOT EXISTS newest_token (resource TEXT PRIMARY KEY, token INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS requests (idempotency_key TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS fault_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    after_applied INTEGER NOT NULL,
+    change TEXT NOT NULL CHECK (change IN ('raised', 'cleared')),
+    fault_id TEXT NOT NULL,
+    service TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    dependency TEXT
+);
 """
 
 
@@ -62,6 +73,19 @@ class Applied:
         return self.fingerprint[1]
 
 
+@dataclass(frozen=True)
+class FaultChange:
+    """A fault raised or cleared, placed after the first ``after_applied`` applied actions
+    (that position orders it among them when the history is replayed)."""
+
+    after_applied: int
+    change: str  # "raised" or "cleared"
+    fault_id: str
+    service: str
+    kind: str
+    dependency: str | None
+
+
 class Ledger:
     """Applied actions, newest tokens and request counts; optionally on disk. Not
     thread-safe: :class:`~services.sim.state.SimState` calls it under its lock."""
@@ -70,6 +94,7 @@ class Ledger:
         self._applied: dict[str, Applied] = {}
         self._newest: dict[str, int] = {}
         self._requests: dict[str, int] = {}
+        self._fault_changes: list[FaultChange] = []
         self._db: sqlite3.Connection | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,15 +118,30 @@ class Ledger:
             )  # fmt: skip
         self._newest = dict(self._db.execute("SELECT resource, token FROM newest_token").fetchall())
         self._requests = dict(self._db.execute("SELECT idempotency_key, count FROM requests").fetchall())
+        self._fault_changes = [
+            FaultChange(*row)
+            for row in self._db.execute(
+                "SELECT after_applied, change, fault_id, service, kind, dependency FROM fault_changes ORDER BY seq"
+            )
+        ]
 
     # -- reads ---------------------------------------------------------------------
 
     def applied(self, key: str) -> Applied | None:
         return self._applied.get(key)
 
-    def in_order(self) -> Iterator[Applied]:
-        """Every applied action, oldest first (to rebuild the services' state)."""
-        return iter(list(self._applied.values()))
+    def history(self) -> Iterator[Applied | FaultChange]:
+        """Every applied action and fault change, oldest first (to rebuild the services' state)."""
+        changes = iter(self._fault_changes)
+        pending = next(changes, None)
+        for position, applied in enumerate(list(self._applied.values())):
+            while pending is not None and pending.after_applied <= position:
+                yield pending
+                pending = next(changes, None)
+            yield applied
+        while pending is not None:
+            yield pending
+            pending = next(changes, None)
 
     def newest(self, resource: str) -> int | None:
         return self._newest.get(resource)
@@ -156,9 +196,23 @@ class Ledger:
             )
         self._applied[applied.key] = applied
 
+    def record_fault(self, change: str, fault_id: str, service: str, kind: str, dependency: str | None) -> None:
+        """Keep a fault raised or cleared, after every action applied so far."""
+        entry = FaultChange(len(self._applied), change, fault_id, service, kind, dependency)
+        if self._db is not None:
+            self._db.execute(
+                "INSERT INTO fault_changes (after_applied, change, fault_id, service, kind, dependency)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (entry.after_applied, change, fault_id, service, kind, dependency),
+            )
+        self._fault_changes.append(entry)
+
     def clear(self) -> None:
         self._applied.clear()
         self._newest.clear()
         self._requests.clear()
+        self._fault_changes.clear()
         if self._db is not None:
-            self._db.executescript("DELETE FROM applied; DELETE FROM newest_token; DELETE FROM requests;")
+            self._db.executescript(
+                "DELETE FROM applied; DELETE FROM newest_token; DELETE FROM requests; DELETE FROM fault_changes;"
+            )

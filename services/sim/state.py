@@ -1,7 +1,8 @@
 """The sim's mutable state: the model plus the action ledger, behind one lock.
 
 The ledger (services/sim/ledger.py) lives in memory, or on disk when the sim is given a
-file (a real target keeps it durably; the chaos soak kills the sim). It holds
+file (a real target keeps it durably; the chaos soak kills the sim). It holds the
+faults raised and cleared (a restarted sim is as broken as before), and
 
 - the recorded result of every applied action, by idempotency key (a repeated key gets
   the recorded result back, marked ``replayed``, and changes nothing), and
@@ -31,8 +32,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from services.sim.ledger import Applied, Fingerprint, Ledger
-from services.sim.model import Fault, SimModel, UnknownResource
+from services.sim.ledger import Applied, FaultChange, Fingerprint, Ledger
+from services.sim.model import Fault, InvalidAction, SimModel, UnknownResource
+
+_FOREIGN = "the file is from another estate or was edited; remove it, or start the sim on the estate it was written for"
 
 
 class StaleToken(Exception):
@@ -67,9 +70,25 @@ class SimState:
         self._ledger = ledger or Ledger()
         self.action_seconds = action_seconds
         self._sleep = sleep
-        # A ledger from before a restart: the services are where its actions left them.
-        for applied in self._ledger.in_order():
-            self._model.apply(applied.action, applied.resource, applied.params)
+        # A ledger from before a restart: the services are where its faults and actions
+        # left them, replayed in the order they happened.
+        for entry in self._ledger.history():
+            try:
+                self._replay(entry)
+            except (UnknownResource, InvalidAction) as exc:
+                raise ValueError(f"the sim ledger cannot be replayed on this estate ({exc}): {_FOREIGN}") from exc
+
+    def _replay(self, entry: Applied | FaultChange) -> None:
+        if isinstance(entry, Applied):
+            self._model.apply(entry.action, entry.resource, entry.params)
+        elif entry.change == "cleared":
+            self._model.remove_fault(entry.fault_id)
+        else:
+            fault = self._model.add_fault(entry.service, entry.kind, entry.dependency)
+            if fault.id != entry.fault_id:  # the model numbers faults in order
+                raise ValueError(
+                    f"the sim ledger raised {entry.fault_id} where the replay numbered {fault.id}: {_FOREIGN}"
+                )
 
     @property
     def applied(self) -> int:
@@ -137,11 +156,15 @@ class SimState:
 
     def add_fault(self, service: str, kind: str, dependency: str | None) -> Fault:
         with self._lock:
-            return self._model.add_fault(self._model.resolve(service), kind, dependency)
+            fault = self._model.add_fault(self._model.resolve(service), kind, dependency)
+            self._ledger.record_fault("raised", fault.id, fault.service, fault.kind, fault.dependency)
+            return fault
 
     def remove_fault(self, fault_id: str) -> Fault:
         with self._lock:
-            return self._model.remove_fault(fault_id)
+            fault = self._model.remove_fault(fault_id)
+            self._ledger.record_fault("cleared", fault.id, fault.service, fault.kind, fault.dependency)
+            return fault
 
     def reset(self) -> None:
         """The initial topology, no faults, an empty ledger (for tests and demos)."""

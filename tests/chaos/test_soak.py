@@ -131,9 +131,9 @@ def test_chaos_soak(
     compensated = truth.Check("forced verification failures compensated")
     compensated.counts["forced"] = len(forced)
     compensated.counts["compensated"] = sum(1 for p in forced if statuses.get(p.incident or "") == "COMPENSATED")
-    # The bad deploy lands once the scale is seen at the sim; a sim killed before the
-    # verification verdict forgets it (and verification may beat the workload's poll), so
-    # such an incident resolves. Counted, not failed; no compensation at all would fail.
+    # The bad deploy lands once the workload's poll sees the scale at the sim; a
+    # verification that beats the poll (or a sim down at that moment) resolves the
+    # incident. Counted, not failed; no compensation at all would fail.
     compensated.counts["bad deploy lost or late, resolved"] = sum(
         1 for p in forced if statuses.get(p.incident or "") == "RESOLVED"
     )

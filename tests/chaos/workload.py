@@ -8,10 +8,11 @@ the sim, ``shop-NNNN`` gets a bad deploy that no scaling fixes, so the health ag
 RecoveryFailed and the executor compensates; the pair's faults are then removed, so
 whatever incident the lingering breach reopens can resolve.
 
-The sim forgets its faults when it is killed (they are the test's injections), so the
-workload keeps reconciling: a pair whose incident has not opened yet gets its fault
-again. What counts as an incident is what the health agent opened (its database), never
-what the workload meant to cause.
+The sim keeps its faults in its ledger file, so a killed sim comes back as broken as it
+was. The workload still reconciles: a pair whose incident has not opened yet and whose
+fault the sim does not list gets it again (counted as ``reinjected``; expected 0, kept
+because a sim started without its file would forget). What counts as an incident is
+what the health agent opened (its database), never what the workload meant to cause.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Pair:
 @dataclass
 class Tally:
     injected: int = 0
-    reinjected: int = 0  # faults the sim forgot in a restart, raised again
+    reinjected: int = 0  # faults the sim no longer listed, raised again
     bad_deploys: int = 0
     approvals: int = 0
     approval_refusals: int = 0
@@ -100,8 +101,9 @@ class Workload(threading.Thread):
         while not self.stop.is_set():
             try:
                 while pending and time.monotonic() >= next_injection:
-                    pair = pending.pop(0)
-                    self._fault(pair.pay, "dependency-slow")
+                    pair = pending[0]
+                    self._fault(pair.pay, "dependency-slow")  # raises while the sim is down: tried again
+                    pending.pop(0)
                     pair.injected = True
                     self.tally.injected += 1
                     next_injection += 1 / self.config.inject_per_second
@@ -135,7 +137,7 @@ class Workload(threading.Thread):
             if not pair.injected or pair.done:
                 continue
             if (pair.pay, "dependency-slow") not in active:
-                self._fault(pair.pay, "dependency-slow")  # the sim restarted before the breach opened
+                self._fault(pair.pay, "dependency-slow")  # the sim lost it (started without its file)
                 self.tally.reinjected += 1
             else:
                 shop = call("GET", f"{url(SIM)}/services/{pair.shop}")

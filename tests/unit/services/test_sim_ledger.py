@@ -84,3 +84,49 @@ def test_the_sim_settings_build_a_generated_estate_with_its_ledger_on_disk(tmp_p
     again = TestClient(build_app(settings), headers={"Authorization": f"Bearer {token}"})  # a restart
     assert again.get("/services/shop-0003").json()["replicas"] == 9
     assert again.get("/action-counts").json()["keys"] == {"k": {"requests": 1, "applied": 1}}
+
+
+def test_a_restarted_sim_is_as_broken_as_before(tmp_path: Path) -> None:
+    """Faults are production's state: a SIGKILLed sim must not heal the estate it hosts
+    (the chaos soak's incidents would turn into 'within threshold' escalations)."""
+    path = tmp_path / "ledger.sqlite"
+    first = _state(path)
+    slow = first.add_fault("checkout-api", "dependency-slow", "payments-api")
+    cleared = first.add_fault("search-api", "pool-exhausted", None)
+    first.remove_fault(cleared.id)
+    before = first.services()
+
+    again = _state(path)
+    assert again.faults() == [slow.as_json()]
+    assert again.services() == before
+    assert again.add_fault("inventory-db", "pool-exhausted", None).id == "fault-3"  # ids are not reused
+
+
+def test_a_restart_replays_faults_and_actions_in_the_order_they_happened(tmp_path: Path) -> None:
+    """A bad deploy moves the revision a later rollback names; replayed out of order the
+    rollback would be refused (or land on the wrong revision)."""
+    path = tmp_path / "ledger.sqlite"
+    first = _state(path)
+    deploy = first.add_fault("checkout-api", "bad-deploy", None)  # v41 -> v42 (bad)
+    first.perform("rollback", "checkout-api", {"toRevision": "v41"}, "k1", 1, None)
+    second = first.add_fault("checkout-api", "bad-deploy", None)  # v41 -> v42 again
+    assert first.service("checkout-api")["revision"] == second.revision == deploy.revision
+
+    again = _state(path)
+    assert again.services() == first.services()
+    assert again.faults() == first.faults()
+
+
+def test_reset_forgets_the_faults_on_disk_too(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    state = _state(path)
+    state.add_fault("checkout-api", "pool-exhausted", None)
+    state.reset()
+    assert _state(path).faults() == []
+
+
+def test_a_ledger_file_from_another_estate_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    _state(path).add_fault("checkout-api", "pool-exhausted", None)
+    with pytest.raises(ValueError, match="another estate"):
+        SimState(SimModel.generated(10), action_seconds=0, sleep=lambda _: None, ledger=Ledger(path))
