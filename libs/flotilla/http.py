@@ -3,6 +3,10 @@
 ``/healthz`` (the process is alive), ``/readyz`` (its database and Kafka answer, and the
 loop is running), ``/metrics`` (Prometheus). The consumer loop runs on the main thread so
 SIGTERM lets it finish the batch in hand; uvicorn serves from a daemon thread.
+
+A request that finds the service's database gone (restarting, failing over) is answered
+503 with ``Retry-After``, not 500: the caller (a person approving, the console) should
+try again shortly rather than report a bug.
 """
 
 from __future__ import annotations
@@ -12,14 +16,29 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from psycopg import OperationalError
 from psycopg_pool import ConnectionPool
+
+# Seconds a caller is told to wait when the database is away; a PostgreSQL restart takes ~1-5 s.
+DATABASE_RETRY_AFTER_SECONDS = 2
 
 
 def create_app(name: str, ready: Callable[[], bool]) -> FastAPI:
     """The operational HTTP surface; services add their own routes to it."""
     app = FastAPI(title=name, docs_url=None, redoc_url=None)
+
+    # OperationalError: the connection broke mid-request (AdminShutdown, connection
+    # refused), or psycopg_pool's PoolTimeout (a subclass): no connection came in time.
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"{name}'s database is unavailable ({type(exc).__name__}); retry shortly"},
+            status_code=503,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+        )
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

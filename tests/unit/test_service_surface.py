@@ -130,3 +130,45 @@ def test_settings_refuse_a_non_numeric_port(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("FLOTILLA_HTTP_PORT", "eighty")
     with pytest.raises(ValidationError):
         ServiceSettings.load()
+
+
+def _failing(exc: Exception) -> TestClient:
+    app = create_app("policy-service", lambda: True)
+
+    @app.get("/approvals")
+    def approvals() -> None:
+        raise exc
+
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_a_database_that_went_away_mid_request_is_a_503_with_retry_after() -> None:
+    from psycopg import errors
+
+    response = _failing(errors.AdminShutdown("terminating connection due to unexpected postmaster exit")).get(
+        "/approvals"
+    )
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "2"
+    assert response.json() == {"detail": "policy-service's database is unavailable (AdminShutdown); retry shortly"}
+
+
+def test_no_pool_connection_in_time_is_a_503_too() -> None:
+    from psycopg_pool import ConnectionPool
+
+    # a real pool against a port nothing listens on: the PoolTimeout a PostgreSQL restart gives
+    with ConnectionPool("host=127.0.0.1 port=1 connect_timeout=1", min_size=0, max_size=1, timeout=0.3) as pool:
+        app = create_app("audit", lambda: True)
+
+        @app.get("/entries")
+        def entries() -> None:
+            with pool.connection() as conn:
+                conn.execute("SELECT 1")
+
+        response = TestClient(app, raise_server_exceptions=False).get("/entries")
+    assert response.status_code == 503
+    assert "audit's database is unavailable (PoolTimeout)" in response.json()["detail"]
+
+
+def test_other_errors_stay_500() -> None:
+    assert _failing(RuntimeError("a bug")).get("/approvals").status_code == 500
