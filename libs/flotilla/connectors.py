@@ -174,7 +174,17 @@ def topic_pattern(topics: Sequence[str]) -> str:
 
 
 class ConnectError(RuntimeError):
-    """Kafka Connect refused or failed a request; the message carries its answer."""
+    """Kafka Connect refused or failed a request; the message carries its answer and
+    ``status`` its HTTP status (None when the connector itself failed or never ran)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        """Connect could not answer now (starting, rebalancing: 409, 5xx); asking again may work."""
+        return self.status is not None and (self.status == 409 or self.status >= 500)
 
 
 def _request(url: str, method: str = "GET", body: object | None = None) -> Any:
@@ -184,7 +194,7 @@ def _request(url: str, method: str = "GET", body: object | None = None) -> Any:
         with urllib.request.urlopen(req, timeout=30) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
-        raise ConnectError(f"{method} {url} -> {exc.code}: {exc.read().decode(errors='replace')}") from exc
+        raise ConnectError(f"{method} {url} -> {exc.code}: {exc.read().decode(errors='replace')}", exc.code) from exc
     return json.loads(raw) if raw else None
 
 

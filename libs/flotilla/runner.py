@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
+import urllib.error
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -26,6 +28,7 @@ from psycopg_pool import ConnectionPool
 
 from flotilla import consumer, metrics, tracing
 from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
+from flotilla.connectors import ConnectError
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler
@@ -142,6 +145,40 @@ def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
     return ServiceContext(spec, settings, pool, serde)
 
 
+def _unavailable(exc: BaseException) -> bool:
+    """A dependency that is not answering yet (down, restarting, rebalancing), as opposed
+    to one that answered no (a bad connector config, a failed migration)."""
+    if isinstance(exc, ConnectError):
+        return exc.transient
+    return isinstance(exc, psycopg.OperationalError | urllib.error.URLError | ConnectionError | TimeoutError)
+
+
+def prepare_when_available(
+    spec: ServiceSpec,
+    settings: ServiceSettings,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> ServiceContext:
+    """:func:`prepare`, retried with back-off (0.5 s doubling to 10 s) while PostgreSQL or
+    Kafka Connect is unavailable, for ``startup_patience_seconds``; any other error, or
+    the patience running out, is raised."""
+    deadline = clock() + settings.startup_patience_seconds
+    delay = 0.5
+    while True:
+        try:
+            return prepare(spec, settings)
+        except Exception as exc:
+            if not _unavailable(exc) or clock() + delay > deadline:
+                raise
+            what = (
+                "PostgreSQL" if isinstance(exc, psycopg.OperationalError) else f"Kafka Connect ({settings.connect_url})"
+            )
+            log.warning("%s: %s unavailable at start (%s); retrying in %.1f s", spec.name, what, exc, delay)
+            sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
 def build_loop(ctx: ServiceContext) -> ConsumerLoop:
     spec = ctx.spec
     config = LoopConfig(name=spec.name, topics=spec.topics, source=ctx.source, emits=spec.emits, **dict(spec.loop))
@@ -212,7 +249,7 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
     settings = settings or ServiceSettings.load(service_name=spec.name, service_database=spec.database)
     logging.basicConfig(level=settings.log_level, format=f"%(asctime)s %(levelname)s {spec.name} %(name)s %(message)s")
     tracing.configure(spec.name)  # OTEL_* variables; off unless OTEL_TRACES_EXPORTER is set
-    ctx = prepare(spec, settings)
+    ctx = prepare_when_available(spec, settings)
     loop = build_loop(ctx) if spec.topics else None
     server = None
     if settings.http_port:

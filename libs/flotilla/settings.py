@@ -157,6 +157,10 @@ class ServiceSettings(StackSettings):
     outbox_retention_hours: float = Field(24.0, gt=0)
     dedupe_margin_hours: float = Field(24.0, gt=0)
     retention_interval_seconds: float = Field(300.0, gt=0)
+    # How long a starting service waits for PostgreSQL and Kafka Connect to answer before
+    # it gives up (exit 1). Waiting in the process, not crash-looping: a supervisor's or
+    # Kubernetes' restart back-off would keep it down long after they are back.
+    startup_patience_seconds: float = Field(300.0, ge=0)
 
     @classmethod
     def load(cls, **overrides: Any) -> Self:
