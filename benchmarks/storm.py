@@ -64,7 +64,7 @@ STORM_SETTINGS = {
     "FLOTILLA_HEALTH_SCRAPE_SECONDS": "1",
     "FLOTILLA_HEALTH_BREACH_SCRAPES": "2",
     "FLOTILLA_HEALTH_CLEAR_SCRAPES": "2",
-    "FLOTILLA_HEALTH_VERIFY_SECONDS": "2",
+    "FLOTILLA_HEALTH_VERIFY_SECONDS": "5",  # the default: a shorter window leaves a busy agent no slack
 }
 
 

@@ -102,6 +102,7 @@ class Scraper:
         self._rule = Hysteresis(settings.health_breach_scrapes, settings.health_clear_scrapes)
         self._interval = timedelta(seconds=settings.health_scrape_seconds)
         self._max_gap = max(3 * self._interval, timedelta(seconds=1))
+        self._previous_tick: datetime | None = None
         self._failing = False
 
     def __call__(self, ctx: ServiceContext) -> None:
@@ -110,6 +111,10 @@ class Scraper:
 
     def _tick(self, ctx: ServiceContext) -> None:
         now = ctx.now()
+        # How far apart this agent's scrapes are now: a slow tick (a storm) spaces every
+        # service's samples out alike, which is not a gap in any one service's samples.
+        cadence = timedelta(0) if self._previous_tick is None else max(now - self._previous_tick, timedelta(0))
+        self._previous_tick = now
         samples: list[Sample] | None
         try:
             samples = self._source.scrape()
@@ -129,9 +134,10 @@ class Scraper:
                 continue
             self._unit(f"detect {sample.environment}/{sample.service}", partial(self._detect, ctx, sample, now))
         by_key = {s.key: s for s in samples or ()}
-        if not self._verify_all(ctx, by_key, now, samples is not None):
+        scraped = samples is not None
+        if not self._verify_all(ctx, by_key, now, scraped, cadence):
             for proposal in self._open_windows(ctx):
-                self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, samples is not None))
+                self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, scraped, cadence))
 
     @staticmethod
     def _unit(what: str, run: Callable[[], None]) -> None:
@@ -313,7 +319,12 @@ class Scraper:
         return [str(r[0]) for r in rows]
 
     def _verify_all(
-        self, ctx: ServiceContext, samples: Mapping[tuple[str, str], Sample], now: datetime, scraped: bool
+        self,
+        ctx: ServiceContext,
+        samples: Mapping[tuple[str, str], Sample],
+        now: datetime,
+        scraped: bool,
+        cadence: timedelta,
     ) -> bool:
         """Every open window not held by another replica, in one transaction (a storm keeps
         hundreds open at once). False when that failed for any reason but a lost database:
@@ -323,7 +334,7 @@ class Scraper:
                 rows = cur.execute(
                     "SELECT * FROM verifications WHERE outcome IS NULL ORDER BY started_at FOR UPDATE SKIP LOCKED"
                 ).fetchall()
-                folded = [(row, self._fold(ctx, conn, row, samples, now, scraped)) for row in rows]
+                folded = [(row, self._fold(ctx, conn, row, samples, now, scraped, cadence)) for row in rows]
                 cur.executemany(_UPDATE_WINDOW, [update for _, (update, _) in folded])
         except psycopg.OperationalError:
             raise
@@ -341,6 +352,7 @@ class Scraper:
         samples: Mapping[tuple[str, str], Sample],
         now: datetime,
         scraped: bool,
+        cadence: timedelta,
     ) -> None:
         with ctx.pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
@@ -349,7 +361,7 @@ class Scraper:
             ).fetchone()
             if row is None:
                 return  # decided meanwhile, or another replica holds it
-            update, outcome = self._fold(ctx, conn, row, samples, now, scraped)
+            update, outcome = self._fold(ctx, conn, row, samples, now, scraped, cadence)
             cur.execute(_UPDATE_WINDOW, update)
         self._report(row, outcome)
 
@@ -361,9 +373,11 @@ class Scraper:
         samples: Mapping[tuple[str, str], Sample],
         now: datetime,
         scraped: bool,
+        cadence: timedelta,
     ) -> tuple[dict[str, Any], Outcome | None]:
         """Fold this tick's sample into the locked window ``row``; emit its outcome once
-        decided. Returns the row's update (for ``_UPDATE_WINDOW``) and the outcome."""
+        decided. Returns the row's update (for ``_UPDATE_WINDOW``) and the outcome;
+        ``cadence``: how far apart this agent's ticks are now (see verification.py)."""
         window = Window(
             started_at=row["started_at"],
             length=timedelta(seconds=row["window_seconds"]),
@@ -374,10 +388,15 @@ class Scraper:
         sample = samples.get((row["environment"], row["service"])) if scraped else None
         outcome: Outcome | None
         if sample is None:
-            outcome = observe_nothing(window, at=now)
+            outcome = observe_nothing(window, at=now, cadence=cadence)
         else:
             window, outcome = observe_window(
-                window, p95_ms=sample.p95_ms, threshold_ms=sample.threshold_ms, at=now, max_gap=self._max_gap
+                window,
+                p95_ms=sample.p95_ms,
+                threshold_ms=sample.threshold_ms,
+                at=now,
+                max_gap=self._max_gap,
+                cadence=cadence,
             )
         event_id = None if outcome is None else self._emit_outcome(ctx, conn, row, window, outcome, now)
         update = {

@@ -16,6 +16,13 @@ After the last step of a proposal ran, the window opens (``started_at``, length 
 A gap between samples longer than ``max_gap`` restarts the healthy run: "stayed under"
 must be observed, not assumed across missing scrapes. With regular samples a window is
 decided by ``started_at + 2W`` plus one scrape; every window is decided by ``+ 3W``.
+
+``cadence`` is how far apart the agent's own scrapes are right now. When the agent is
+slow (a storm on a busy machine), every service's samples are that far apart: nothing
+was missed, the agent looked less often. So a gap of one cadence is allowed too, up to
+``W`` (no unobserved stretch longer than the window itself counts as "stayed under":
+an agent frozen for a minute has not watched the service), and a window is not given
+up before ``W`` plus three such cadences: a slow agent takes longer to collect a run.
 """
 
 from __future__ import annotations
@@ -55,11 +62,25 @@ class Window:
 
     @property
     def gives_up_at(self) -> datetime:
-        return self.started_at + 3 * self.length
+        return self.gives_up_by(timedelta(0))
+
+    def gives_up_by(self, cadence: timedelta) -> datetime:
+        """When the window is unverifiable, with the agent scraping every ``cadence``."""
+        return self.started_at + max(3 * self.length, self.length + 3 * self.tolerated(cadence))
+
+    def tolerated(self, cadence: timedelta) -> timedelta:
+        """The part of the agent's cadence a healthy run may span unobserved."""
+        return min(cadence, self.length)
 
 
 def observe(
-    window: Window, *, p95_ms: float, threshold_ms: float, at: datetime, max_gap: timedelta
+    window: Window,
+    *,
+    p95_ms: float,
+    threshold_ms: float,
+    at: datetime,
+    max_gap: timedelta,
+    cadence: timedelta = timedelta(0),
 ) -> tuple[Window, Outcome | None]:
     """Fold one sample into the window; an Outcome when the verification is decided."""
     if at < window.started_at:
@@ -67,7 +88,7 @@ def observe(
     if window.last_sample_at is not None and at <= window.last_sample_at:
         return window, None  # a replica's older scrape, folded after a newer one: already past it
     run_start, run_max = window.run_started_at, window.run_max_p95
-    if window.last_sample_at is not None and at - window.last_sample_at > max_gap:
+    if window.last_sample_at is not None and at - window.last_sample_at > max(max_gap, window.tolerated(cadence)):
         run_start, run_max = None, None  # not observed in between: start over
     window = replace(window, last_sample_at=at)
     if is_breaching(p95_ms, threshold_ms):
@@ -87,16 +108,18 @@ def observe(
     if at - run_start >= window.length:
         reason = f"p95 stayed at or under {threshold_ms:.0f} ms for {window.length.total_seconds():g} s"
         return window, Outcome(Verdict.COMPLETED, run_max, threshold_ms, reason)
-    if at >= window.gives_up_at:
+    if at >= window.gives_up_by(cadence):
         reason = "gaps in the latency samples kept the healthy run shorter than the window"
         return window, Outcome(Verdict.UNVERIFIABLE, p95_ms, threshold_ms, reason)
     return window, None
 
 
-def observe_nothing(window: Window, *, at: datetime) -> Outcome | None:
+def observe_nothing(window: Window, *, at: datetime, cadence: timedelta = timedelta(0)) -> Outcome | None:
     """No sample of the service this time; unverifiable once the window has run out."""
-    if at >= window.gives_up_at:
+    deadline = window.gives_up_by(cadence)
+    if at >= deadline:
         seen = "no" if window.last_sample_at is None else "too few"
-        reason = f"{seen} latency samples of the service within {3 * window.length.total_seconds():g} s of the recovery"
+        waited = (deadline - window.started_at).total_seconds()
+        reason = f"{seen} latency samples of the service within {waited:g} s of the recovery"
         return Outcome(Verdict.UNVERIFIABLE, None, None, reason)
     return None

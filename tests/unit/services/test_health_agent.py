@@ -193,6 +193,56 @@ def test_every_window_is_decided_within_three_windows_even_with_sparse_samples()
     assert all(v is None for v in verdicts[:-1])
 
 
+def _at_cadence(samples: list[tuple[float, float]], cadence: float) -> list[Verdict | None]:
+    window = Window(started_at=T0, length=W)
+    verdicts = []
+    for seconds, p95 in samples:
+        window, outcome = observe_window(
+            window,
+            p95_ms=p95,
+            threshold_ms=500,
+            at=T0 + timedelta(seconds=seconds),
+            max_gap=GAP,
+            cadence=timedelta(seconds=cadence),
+        )
+        verdicts.append(None if outcome is None else outcome.verdict)
+    return verdicts
+
+
+def test_a_slow_agent_still_verifies_from_every_tick_it_took() -> None:
+    """A storm stretches the agent's ticks to 4 s: the same samples that are gaps for an
+    agent ticking every second are every look it took, and form a 5 s run."""
+    assert _at_cadence([(s, 300) for s in range(0, 9, 4)], cadence=4) == [None, None, Verdict.COMPLETED]
+
+
+def test_a_slow_agent_still_restarts_the_run_on_a_breach() -> None:
+    verdicts = _at_cadence([(0, 300), (4, 900), (8, 300), (12, 300)], cadence=4)
+    assert verdicts == [None, None, None, None]  # the run restarted at 8 s: 4 s < W
+
+
+def test_an_unobserved_stretch_longer_than_the_window_is_never_a_run() -> None:
+    """A frozen agent (cadence 60 s) has not watched the service for a minute: two healthy
+    samples around the freeze prove nothing, and the window is given up after W + 3W."""
+    window = Window(started_at=T0, length=W)
+    cadence = timedelta(seconds=60)
+    window, outcome = observe_window(window, p95_ms=300, threshold_ms=500, at=T0, max_gap=GAP, cadence=cadence)
+    window, outcome = observe_window(
+        window, p95_ms=300, threshold_ms=500, at=T0 + timedelta(seconds=19), max_gap=GAP, cadence=cadence
+    )
+    assert outcome is None and window.run_started_at == T0 + timedelta(seconds=19)
+    assert window.gives_up_by(cadence) == T0 + 4 * W
+    late = observe_nothing(window, at=T0 + 4 * W, cadence=cadence)
+    assert late is not None and late.verdict is Verdict.UNVERIFIABLE
+    assert "within 20 s" in late.reason
+
+
+def test_a_slow_agent_gets_more_time_before_a_window_is_given_up() -> None:
+    window = Window(started_at=T0, length=W)
+    assert window.gives_up_by(timedelta(seconds=1)) == T0 + 3 * W  # the usual three windows
+    assert window.gives_up_by(timedelta(seconds=4)) == T0 + W + 3 * timedelta(seconds=4)
+    assert observe_nothing(window, at=T0 + 3 * W, cadence=timedelta(seconds=4)) is None
+
+
 # ----------------------------------------------------------------- metrics
 
 SIM_METRICS = """\
