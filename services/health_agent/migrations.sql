@@ -68,3 +68,6 @@ CREATE TABLE IF NOT EXISTS verifications (
     decided_at       timestamptz
 );
 CREATE INDEX IF NOT EXISTS verifications_open_idx ON verifications (started_at) WHERE outcome IS NULL;
+-- The agent's first look at the window (a tick that folded it, with or without a sample):
+-- a window opened while a long tick ran is given its time from then, not from its start.
+ALTER TABLE verifications ADD COLUMN IF NOT EXISTS watched_from timestamptz;

@@ -68,8 +68,8 @@ TICK_SECONDS = Histogram(
 
 _UPDATE_WINDOW = """
 UPDATE verifications SET run_started_at = %(run_started_at)s, run_max_p95_ms = %(run_max_p95_ms)s,
-    last_sample_at = %(last_sample_at)s, outcome = %(outcome)s, outcome_reason = %(reason)s,
-    outcome_event_id = %(event_id)s, decided_at = %(decided_at)s
+    last_sample_at = %(last_sample_at)s, watched_from = %(watched_from)s, outcome = %(outcome)s,
+    outcome_reason = %(reason)s, outcome_event_id = %(event_id)s, decided_at = %(decided_at)s
 WHERE proposal_id = %(proposal)s
 """
 
@@ -384,11 +384,12 @@ class Scraper:
             run_started_at=row["run_started_at"],
             run_max_p95=row["run_max_p95_ms"],
             last_sample_at=row["last_sample_at"],
+            watched_from=row["watched_from"],
         )
         sample = samples.get((row["environment"], row["service"])) if scraped else None
         outcome: Outcome | None
         if sample is None:
-            outcome = observe_nothing(window, at=now, cadence=cadence)
+            window, outcome = observe_nothing(window, at=now, cadence=cadence)
         else:
             window, outcome = observe_window(
                 window,
@@ -404,6 +405,7 @@ class Scraper:
             "run_started_at": window.run_started_at,
             "run_max_p95_ms": window.run_max_p95,
             "last_sample_at": window.last_sample_at,
+            "watched_from": window.watched_from,
             "outcome": None if outcome is None else outcome.verdict.value,
             "reason": None if outcome is None else outcome.reason,
             "event_id": event_id,

@@ -8,10 +8,11 @@ After the last step of a proposal ran, the window opens (``started_at``, length 
 - **failed** when a scrape at or after the end of the window (``started_at + W``) still
   breaches: the service did not recover in the time it was given. A breach *inside* the
   window only restarts the healthy run — the fix may take a moment to bite;
-- **unverifiable** when neither happened by ``started_at + 3W`` — no samples of the
-  service arrived, or gaps between them kept breaking the healthy run: nothing can be
-  said, and a person must look (it is not *failed*: compensating a fix because the
-  metrics are down could make things worse).
+- **unverifiable** when neither happened by ``3W`` after the agent first looked at the
+  window (``watched_from``; its start, unless a long tick delayed that look) — no
+  samples of the service arrived, or gaps between them kept breaking the healthy run:
+  nothing can be said, and a person must look (it is not *failed*: compensating a fix
+  because the metrics are down could make things worse).
 
 A gap between samples longer than ``max_gap`` restarts the healthy run: "stayed under"
 must be observed, not assumed across missing scrapes. With regular samples a window is
@@ -55,6 +56,7 @@ class Window:
     run_started_at: datetime | None = None  # first sample of the current healthy run
     run_max_p95: float | None = None
     last_sample_at: datetime | None = None
+    watched_from: datetime | None = None  # the agent's first look (see the module docstring)
 
     @property
     def ends_at(self) -> datetime:
@@ -66,7 +68,8 @@ class Window:
 
     def gives_up_by(self, cadence: timedelta) -> datetime:
         """When the window is unverifiable, with the agent scraping every ``cadence``."""
-        return self.started_at + max(3 * self.length, self.length + 3 * self.tolerated(cadence))
+        watched_from = self.watched_from or self.started_at
+        return watched_from + max(3 * self.length, self.length + 3 * self.tolerated(cadence))
 
     def tolerated(self, cadence: timedelta) -> timedelta:
         """The part of the agent's cadence a healthy run may span unobserved."""
@@ -85,6 +88,7 @@ def observe(
     """Fold one sample into the window; an Outcome when the verification is decided."""
     if at < window.started_at:
         return window, None  # taken before the last step ran: says nothing about it
+    window = _looked(window, at)
     if window.last_sample_at is not None and at <= window.last_sample_at:
         return window, None  # a replica's older scrape, folded after a newer one: already past it
     run_start, run_max = window.run_started_at, window.run_max_p95
@@ -114,12 +118,22 @@ def observe(
     return window, None
 
 
-def observe_nothing(window: Window, *, at: datetime, cadence: timedelta = timedelta(0)) -> Outcome | None:
+def observe_nothing(
+    window: Window, *, at: datetime, cadence: timedelta = timedelta(0)
+) -> tuple[Window, Outcome | None]:
     """No sample of the service this time; unverifiable once the window has run out."""
+    window = _looked(window, at)
     deadline = window.gives_up_by(cadence)
     if at >= deadline:
         seen = "no" if window.last_sample_at is None else "too few"
         waited = (deadline - window.started_at).total_seconds()
         reason = f"{seen} latency samples of the service within {waited:g} s of the recovery"
-        return Outcome(Verdict.UNVERIFIABLE, None, None, reason)
-    return None
+        return window, Outcome(Verdict.UNVERIFIABLE, None, None, reason)
+    return window, None
+
+
+def _looked(window: Window, at: datetime) -> Window:
+    """The window with the agent's first look at it recorded (kept once set)."""
+    if window.watched_from is not None:
+        return window
+    return replace(window, watched_from=max(at, window.started_at))

@@ -179,9 +179,10 @@ def test_a_replicas_older_sample_folded_after_a_newer_one_changes_nothing() -> N
 
 
 def test_no_samples_at_all_is_unverifiable_after_three_windows() -> None:
-    window = Window(started_at=T0, length=W)
-    assert observe_nothing(window, at=T0 + 3 * W - timedelta(milliseconds=1)) is None
-    outcome = observe_nothing(window, at=T0 + 3 * W)
+    window, outcome = observe_nothing(Window(started_at=T0, length=W), at=T0)  # looked at from the start
+    assert outcome is None
+    assert observe_nothing(window, at=T0 + 3 * W - timedelta(milliseconds=1))[1] is None
+    _, outcome = observe_nothing(window, at=T0 + 3 * W)
     assert outcome is not None and outcome.verdict is Verdict.UNVERIFIABLE
     assert outcome.p95_ms is None
 
@@ -231,7 +232,7 @@ def test_an_unobserved_stretch_longer_than_the_window_is_never_a_run() -> None:
     )
     assert outcome is None and window.run_started_at == T0 + timedelta(seconds=19)
     assert window.gives_up_by(cadence) == T0 + 4 * W
-    late = observe_nothing(window, at=T0 + 4 * W, cadence=cadence)
+    _, late = observe_nothing(window, at=T0 + 4 * W, cadence=cadence)
     assert late is not None and late.verdict is Verdict.UNVERIFIABLE
     assert "within 20 s" in late.reason
 
@@ -240,7 +241,32 @@ def test_a_slow_agent_gets_more_time_before_a_window_is_given_up() -> None:
     window = Window(started_at=T0, length=W)
     assert window.gives_up_by(timedelta(seconds=1)) == T0 + 3 * W  # the usual three windows
     assert window.gives_up_by(timedelta(seconds=4)) == T0 + W + 3 * timedelta(seconds=4)
-    assert observe_nothing(window, at=T0 + 3 * W, cadence=timedelta(seconds=4)) is None
+    assert observe_nothing(window, at=T0 + 3 * W, cadence=timedelta(seconds=4))[1] is None
+
+
+def test_a_window_opened_during_a_long_tick_gets_its_time_from_the_agent_s_first_look() -> None:
+    """A burst of incident openings held one tick for 30 s; the windows opened meanwhile
+    were first looked at 32 s after they started, past 3W: that is not 'gaps', the agent
+    had not looked yet."""
+    window = Window(started_at=T0, length=W)
+    first = T0 + timedelta(seconds=32)
+    window, outcome = observe_window(window, p95_ms=300, threshold_ms=500, at=first, max_gap=GAP)
+    assert outcome is None and window.watched_from == first
+    for s in (33, 34, 35, 36):
+        window, outcome = observe_window(
+            window, p95_ms=300, threshold_ms=500, at=T0 + timedelta(seconds=s), max_gap=GAP
+        )
+        assert outcome is None
+    window, outcome = observe_window(window, p95_ms=300, threshold_ms=500, at=T0 + timedelta(seconds=37), max_gap=GAP)
+    assert outcome is not None and outcome.verdict is Verdict.COMPLETED
+
+
+def test_the_first_look_is_kept_and_counts_a_look_without_a_sample() -> None:
+    window, outcome = observe_nothing(Window(started_at=T0, length=W), at=T0 + timedelta(seconds=40))
+    assert outcome is None and window.watched_from == T0 + timedelta(seconds=40)
+    window, outcome = observe_nothing(window, at=T0 + timedelta(seconds=40) + 3 * W)
+    assert outcome is not None and outcome.verdict is Verdict.UNVERIFIABLE
+    assert window.watched_from == T0 + timedelta(seconds=40)
 
 
 # ----------------------------------------------------------------- metrics
