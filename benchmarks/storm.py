@@ -6,10 +6,10 @@
 For each replica count R the fleet is started afresh (``fleetctl``, every service as R
 processes) on a generated estate with no production pairs, so every recovery is
 authorized by policy without a person. An unmeasured warm-up storm (``--warmup``, 50
-faults) runs first: a freshly started stack measured 0.24 CPU-s per incident where the
-same code on a stack that had been working measured 0.13-0.17 (JVM JIT warm-up, most
-likely), and the DBOS run below discards its first workflows the same way. For each K
-the sim is reset, K ``pay-NNNN`` turn
+faults) runs first, as the DBOS run below discards its first workflows. (It does not
+explain why a stack that had just run the long soak measured 0.13-0.17 CPU-s per
+incident where fresh stacks measure 0.20-0.25: that cause is unknown; compare runs made
+on one stack in one sitting.) For each K the sim is reset, K ``pay-NNNN`` turn
 slow at once, and every record on ``incidents`` and ``commands`` is timed as it arrives
 until each of the K incidents has its RecoveryExecuted and its verification verdict.
 

@@ -62,10 +62,6 @@ class Window:
     def ends_at(self) -> datetime:
         return self.started_at + self.length
 
-    @property
-    def gives_up_at(self) -> datetime:
-        return self.gives_up_by(timedelta(0))
-
     def gives_up_by(self, cadence: timedelta) -> datetime:
         """When the window is unverifiable, with the agent scraping every ``cadence``."""
         watched_from = self.watched_from or self.started_at

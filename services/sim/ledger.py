@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.sim.model import Fault
+
 Fingerprint = tuple[str, str, tuple[tuple[str, str], ...]]
 
 _SCHEMA = """
@@ -196,14 +198,14 @@ class Ledger:
             )
         self._applied[applied.key] = applied
 
-    def record_fault(self, change: str, fault_id: str, service: str, kind: str, dependency: str | None) -> None:
-        """Keep a fault raised or cleared, after every action applied so far."""
-        entry = FaultChange(len(self._applied), change, fault_id, service, kind, dependency)
+    def record_fault(self, change: str, fault: Fault) -> None:
+        """Keep ``fault`` raised or cleared, after every action applied so far."""
+        entry = FaultChange(len(self._applied), change, fault.id, fault.service, fault.kind, fault.dependency)
         if self._db is not None:
             self._db.execute(
                 "INSERT INTO fault_changes (after_applied, change, fault_id, service, kind, dependency)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (entry.after_applied, change, fault_id, service, kind, dependency),
+                (entry.after_applied, change, fault.id, fault.service, fault.kind, fault.dependency),
             )
         self._fault_changes.append(entry)
 

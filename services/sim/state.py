@@ -157,13 +157,13 @@ class SimState:
     def add_fault(self, service: str, kind: str, dependency: str | None) -> Fault:
         with self._lock:
             fault = self._model.add_fault(self._model.resolve(service), kind, dependency)
-            self._ledger.record_fault("raised", fault.id, fault.service, fault.kind, fault.dependency)
+            self._ledger.record_fault("raised", fault)
             return fault
 
     def remove_fault(self, fault_id: str) -> Fault:
         with self._lock:
             fault = self._model.remove_fault(fault_id)
-            self._ledger.record_fault("cleared", fault.id, fault.service, fault.kind, fault.dependency)
+            self._ledger.record_fault("cleared", fault)
             return fault
 
     def reset(self) -> None:
