@@ -288,8 +288,16 @@ class ConsumerLoop:
         self._connection = settings.kafka_client()
         self._dlq = DeadLetterPublisher(self._connection, config.name)
         self._lag = metrics.ConsumerLag(config.name)
-        self._consumer = Consumer(self.kafka_config())
+        self._consumer: Consumer | None = None  # made on first use: librdkafka connects as it is made
         self._subscribed = False
+
+    @property
+    def consumer(self) -> Consumer:
+        """The group consumer, made on first use (a loop built to be inspected, as in
+        tests, connects to nothing)."""
+        if self._consumer is None:
+            self._consumer = Consumer(self.kafka_config())
+        return self._consumer
 
     def kafka_config(self) -> dict[str, Any]:
         """The consumer's librdkafka configuration (``config.kafka`` wins)."""
@@ -327,16 +335,17 @@ class ConsumerLoop:
             while not self._stopping.is_set():
                 self.poll_once()
         finally:
-            self._consumer.close()
+            if self._consumer is not None:
+                self._consumer.close()
             self._lag.clear()
 
     def poll_once(self) -> int:
         """Consume one batch and process it; returns how many records it held."""
         if not self._subscribed:
-            self._consumer.subscribe(list(self.config.topics))
+            self.consumer.subscribe(list(self.config.topics))
             self._subscribed = True
         records = poll_batch(
-            self._consumer,
+            self.consumer,
             poll_timeout=self.config.poll_timeout,
             batch_size=self.config.batch_size,
             linger=self.config.batch_linger,
@@ -710,7 +719,7 @@ class ConsumerLoop:
             self._dlq.flush()
 
     def _store_offsets(self, msgs: Iterable[Message]) -> None:
-        store_offsets(self._consumer, msgs)
+        store_offsets(self.consumer, msgs)
 
     def _backoff(self, attempt: int) -> float:
         return float(min(self.config.backoff_max, self.config.backoff_initial * 2 ** (attempt - 1)))

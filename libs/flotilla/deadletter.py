@@ -75,12 +75,15 @@ class DeadLetterPublisher:
 
     def __init__(self, bootstrap: KafkaTarget, consumer: str) -> None:
         self._consumer = consumer
-        self._producer = Producer(
-            {**kafka_connection(bootstrap), "enable.idempotence": True, "acks": "all", "linger.ms": 0}
-        )
+        self._config = {**kafka_connection(bootstrap), "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+        # Made with the first dead letter: librdkafka connects as a client is made, and
+        # most loops never dead-letter anything.
+        self._producer: Producer | None = None
         self._failed: list[str] = []
 
     def publish(self, msg: Message, letter: DeadLetter) -> None:
+        if self._producer is None:
+            self._producer = Producer(self._config)
         self._producer.produce(
             dlq_topic(msg.topic() or "unknown"),
             key=msg.key(),
@@ -95,7 +98,7 @@ class DeadLetterPublisher:
 
     def flush(self, timeout: float = 30) -> None:
         """Block until every dead letter is acknowledged; raise if any was not."""
-        remaining = self._producer.flush(timeout)
+        remaining = 0 if self._producer is None else self._producer.flush(timeout)
         failed, self._failed = self._failed, []
         if remaining or failed:
             raise RuntimeError(f"dead letters not acknowledged: {remaining} pending, errors {failed}")
