@@ -2,11 +2,11 @@
 
 Each tick reads the sim's metrics once, then
 
-1. per watched service whose detector state the scrape changes, in its own transaction:
-   locks the service's detector row, applies the hysteresis (:mod:`.detector`) and, when
-   a breach is confirmed, opens an incident — ``incident-<n>`` from a sequence,
+1. per watched service whose detector state the scrape changes, in its own savepoint
+   (up to 50 to a transaction): locks the service's detector row, applies the
+   hysteresis (:mod:`.detector`) and, when a breach is confirmed, opens an incident — ``incident-<n>`` from a sequence,
    ServiceLatencyIncreased then DiagnosisRequested (caused by it) in the outbox, in the
-   same transaction as the incident row. A partial unique index allows one open incident
+   same savepoint as the incident row. A partial unique index allows one open incident
    per service, so a breach that goes on never opens a second one, whatever the process
    does. Routine samples — a healthy service that stays healthy (nearly all of an
    estate, every tick), a breach already open that goes on (every service of a storm) —
@@ -15,7 +15,8 @@ Each tick reads the sim's metrics once, then
    verification's allowed gap between samples. The services that go the long way get
    one scrape interval of the tick (at least 1 s); the rest wait for the next tick (a
    storm of 1,000 opening at once held one tick for 30-35 s, and every verification
-   window with it);
+   window with it), which starts with the first one left over, so no service waits
+   behind others that keep changing;
 2. every open verification window, in one transaction (``FOR UPDATE SKIP LOCKED``):
    folds the new sample in (:mod:`.verification`) and, once decided, writes the outcome
    and emits RecoveryCompleted, RecoveryFailed (stage VERIFICATION, compensation
@@ -25,7 +26,8 @@ Each tick reads the sim's metrics once, then
    windows are taken one by one, each in its own.
 
 One service's failure (say, a record its values make invalid) does not stop the others:
-every unit has its own transaction, and a failing one is logged and retried next tick.
+every unit has its own savepoint or transaction, and a failing one is logged and retried
+next tick. A lost database fails the whole tick, which the next one redoes.
 Several replicas may run this task: row locks serialize them, and a detector row scraped
 less than half an interval ago is left alone, so scrapes are not double-counted.
 """
@@ -67,6 +69,10 @@ DETECTIONS_DEFERRED = Counter(
     "Samples whose detector change (a streak that starts or ends, an incident to open) was left to the next tick "
     "because the tick's detection time ran out.",
 )
+# Long-way detections committed together. A savepoint each keeps one service's failure
+# from undoing the others; a few dozen keeps each commit's wait for the outbox short.
+DETECTIONS_PER_TRANSACTION = 50
+
 TICK_SECONDS = Histogram(
     "flotilla_health_tick_seconds",
     "One scrape tick: the scrape, detection and verification. Ticks longer than the allowed gap "
@@ -96,6 +102,17 @@ def settled(conn: psycopg.Connection[Any], service: str) -> bool:
     return verifying is None
 
 
+def starting_at(samples: list[Sample], first: tuple[str, str] | None) -> list[Sample]:
+    """``samples`` in key order, rotated to start at ``first`` (or the next key after it,
+    should that service be gone or settled): a tick that runs out of time resumes where
+    the last one stopped, instead of serving the same services first every tick."""
+    ordered = sorted(samples, key=lambda s: s.key)
+    if first is None:
+        return ordered
+    start = next((i for i, s in enumerate(ordered) if s.key >= first), 0)
+    return ordered[start:] + ordered[:start]
+
+
 class Scraper:
     """The periodic task (one instance per process; it keeps no state between ticks)."""
 
@@ -113,6 +130,7 @@ class Scraper:
         self._max_gap = max(3 * self._interval, timedelta(seconds=1))
         self._previous_tick: datetime | None = None
         self._detect_budget = max(settings.health_scrape_seconds, 1.0)  # seconds of a tick for the long way
+        self._resume_from: tuple[str, str] | None = None  # the first sample the last tick left over
         self._failing = False
 
     def __call__(self, ctx: ServiceContext) -> None:
@@ -120,11 +138,6 @@ class Scraper:
             self._tick(ctx)
 
     def _tick(self, ctx: ServiceContext) -> None:
-        now = ctx.now()
-        # How far apart this agent's scrapes are now: a slow tick (a storm) spaces every
-        # service's samples out alike, which is not a gap in any one service's samples.
-        cadence = timedelta(0) if self._previous_tick is None else max(now - self._previous_tick, timedelta(0))
-        self._previous_tick = now
         samples: list[Sample] | None
         try:
             samples = self._source.scrape()
@@ -138,19 +151,54 @@ class Scraper:
             if self._failing:
                 log.info("metrics scrape works again")
             self._failing = False
+        now = ctx.now()  # once read: a slow scrape must not make its samples look older than they are
+        # How long ago this agent last recorded a scrape: a slow tick (a storm) spaces every
+        # service's samples out alike, and an agent killed, frozen or cut off from its
+        # database or the metrics saw nothing at all; neither is a gap in one service's samples.
+        if self._previous_tick is None:
+            self._previous_tick = self._last_recorded(ctx)
+        cadence = timedelta(0) if self._previous_tick is None else max(now - self._previous_tick, timedelta(0))
         done = self._record_routine(ctx, samples, now) if samples else set()
-        changing = [sample for sample in samples or () if sample.key not in done]
-        budget_ends = time.monotonic() + self._detect_budget
-        for n, sample in enumerate(changing):
-            if n > 0 and time.monotonic() >= budget_ends:  # at least one a tick: always progress
-                DETECTIONS_DEFERRED.inc(len(changing) - n)  # still in the scrape next tick
-                break
-            self._unit(f"detect {sample.environment}/{sample.service}", partial(self._detect, ctx, sample, now))
+        changing = starting_at([sample for sample in samples or () if sample.key not in done], self._resume_from)
+        self._detect_in_turn(ctx, changing, now)
         by_key = {s.key: s for s in samples or ()}
         scraped = samples is not None
         if not self._verify_all(ctx, by_key, now, scraped, cadence):
             for proposal in self._open_windows(ctx):
                 self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, scraped, cadence))
+        if scraped:
+            self._previous_tick = now  # a tick that failed, or saw no metrics, recorded nothing
+
+    @staticmethod
+    def _last_recorded(ctx: ServiceContext) -> datetime | None:
+        """The last scrape any replica recorded (before a restart, this one too)."""
+        with ctx.pool.connection() as conn:
+            row = conn.execute("SELECT max(last_scraped_at) FROM detector_state").fetchone()
+        return None if row is None else row[0]
+
+    def _detect_in_turn(self, ctx: ServiceContext, changing: list[Sample], now: datetime) -> None:
+        """The long way for ``changing``, for as long as the tick's detection time lasts
+        (at least one: always progress), up to :data:`DETECTIONS_PER_TRANSACTION` in one
+        transaction with a savepoint each: in a storm a commit per opening, and a Kafka
+        transaction per commit downstream, were most of an opening's cost."""
+        self._resume_from = None
+        budget_ends = time.monotonic() + self._detect_budget
+        for start in range(0, len(changing), DETECTIONS_PER_TRANSACTION):
+            if start > 0 and time.monotonic() >= budget_ends:
+                self._defer(changing[start:])
+                return
+            chunk = changing[start : start + DETECTIONS_PER_TRANSACTION]
+            with ctx.pool.connection() as conn, conn.transaction():
+                for n, sample in enumerate(chunk):
+                    if start + n > 0 and time.monotonic() >= budget_ends:
+                        self._defer(changing[start + n :])
+                        return
+                    detect = partial(self._detect, ctx, conn, sample, now)
+                    self._unit(f"detect {sample.environment}/{sample.service}", detect)
+
+    def _defer(self, rest: list[Sample]) -> None:
+        DETECTIONS_DEFERRED.inc(len(rest))  # still in the scrape next tick, which starts with them
+        self._resume_from = rest[0].key
 
     @staticmethod
     def _unit(what: str, run: Callable[[], None]) -> None:
@@ -229,8 +277,10 @@ class Scraper:
         ).fetchall()
         return {(str(e), str(s)) for e, s in rows}
 
-    def _detect(self, ctx: ServiceContext, sample: Sample, now: datetime) -> None:
-        with ctx.pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    def _detect(self, ctx: ServiceContext, conn: psycopg.Connection[Any], sample: Sample, now: datetime) -> None:
+        """One sample the long way, in a savepoint of ``conn``'s transaction: a failure
+        undoes this service's changes only."""
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             cur.execute(
                 "INSERT INTO detector_state (environment, service, phase, breach_streak, healthy_streak) "
                 "VALUES (%s, %s, %s, 0, 0) ON CONFLICT DO NOTHING",

@@ -16,14 +16,19 @@ After the last step of a proposal ran, the window opens (``started_at``, length 
 
 A gap between samples longer than ``max_gap`` restarts the healthy run: "stayed under"
 must be observed, not assumed across missing scrapes. With regular samples a window is
-decided by ``started_at + 2W`` plus one scrape; every window is decided by ``+ 3W``.
+decided by ``started_at + 2W`` plus one scrape; every window by 3W of the agent watching it.
 
-``cadence`` is how far apart the agent's own scrapes are right now. When the agent is
+``cadence`` is how long ago the agent last recorded a scrape of the estate. When the agent is
 slow (a storm on a busy machine), every service's samples are that far apart: nothing
 was missed, the agent looked less often. So a gap of one cadence is allowed too, up to
 ``W`` (no unobserved stretch longer than the window itself counts as "stayed under":
 an agent frozen for a minute has not watched the service), and a window is not given
 up before ``W`` plus three such cadences: a slow agent takes longer to collect a run.
+When the agent recorded nothing at all for longer than that (it was killed or frozen, its
+database or the metrics were down), the healthy run starts over, but that blind stretch moves
+``watched_from`` on: 3W is the time the agent watched, so its own outage does not make a
+recovery unverifiable. A gap in one service's samples while the agent looked at the rest
+still counts.
 """
 
 from __future__ import annotations
@@ -88,8 +93,14 @@ def observe(
     if window.last_sample_at is not None and at <= window.last_sample_at:
         return window, None  # a replica's older scrape, folded after a newer one: already past it
     run_start, run_max = window.run_started_at, window.run_max_p95
-    if window.last_sample_at is not None and at - window.last_sample_at > max(max_gap, window.tolerated(cadence)):
+    gap = timedelta(0) if window.last_sample_at is None else at - window.last_sample_at
+    if gap > max(max_gap, window.tolerated(cadence)):
         run_start, run_max = None, None  # not observed in between: start over
+        if cadence >= gap:
+            # The agent looked at nothing in between (killed, frozen, its database gone):
+            # its own blindness, not a gap in this service's samples. It does not count
+            # against the recovery's time.
+            window = replace(window, watched_from=(window.watched_from or window.started_at) + gap)
     window = replace(window, last_sample_at=at)
     if is_breaching(p95_ms, threshold_ms):
         window = replace(window, run_started_at=None, run_max_p95=None)

@@ -460,6 +460,62 @@ def test_detection_past_the_tick_s_time_waits_for_the_next_tick_and_every_breach
             sim.services.pop(name, None)
 
 
+def test_a_burst_opens_in_a_few_transactions_and_a_failing_opening_undoes_only_its_own_rows(
+    stack: StackSettings, health: tuple[ServiceContext, HealthSettings], sim: FakeSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit per opening (and downstream a Kafka transaction per commit) was most of an
+    # opening's cost in a storm; a savepoint each keeps one failure from undoing the rest.
+    ctx, _ = health
+    task = ctx.spec.periodic[0][1]
+    monkeypatch.setattr(task, "_detect_budget", 120.0)  # time for all of them in one tick
+    burst = [f"batch-{i:03d}" for i in range(120)]
+    broken = burst[37]
+    for name in burst:
+        sim.set(name, 100.0, 500.0)
+    try:
+        known = "SELECT count(*) FROM detector_state WHERE service LIKE 'batch-%%'"
+        until(lambda: query(stack, HEALTH_DB, known)[0][0] == len(burst) or scrape(ctx), timeout=60, what="rows")
+        scrape(ctx)
+        for name in burst:
+            sim.set(name, 900.0, 500.0)
+        scrape(ctx, 2)  # K = 3: the third breaching scrape opens them
+
+        open_incident = task._open_incident
+
+        def fails_for_one(ctx: ServiceContext, conn: Any, sample: Any, *rest: Any) -> str:
+            incident = open_incident(ctx, conn, sample, *rest)  # its rows are written...
+            if sample.service == broken:
+                raise RuntimeError("a record its values make invalid")  # ...and must be undone
+            return incident
+
+        monkeypatch.setattr(task, "_open_incident", fails_for_one)
+        checkouts = 0
+        connection = ctx.pool.connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal checkouts
+            checkouts += 1
+            return connection(*args, **kwargs)
+
+        monkeypatch.setattr(ctx.pool, "connection", counted)
+        outbox = "SELECT count(*) FROM outbox"
+        (rows_before,) = query(stack, HEALTH_DB, outbox)[0]
+        scrape(ctx)
+        assert opened(stack, burst) == len(burst) - 1
+        assert incidents_of(stack, broken) == []
+        (rows_after,) = query(stack, HEALTH_DB, outbox)[0]
+        assert rows_after - rows_before == 2 * (len(burst) - 1)  # the broken one left no record behind
+        assert checkouts <= 6, f"{checkouts} transactions for one tick opening {len(burst) - 1} incidents"
+
+        monkeypatch.setattr(task, "_open_incident", open_incident)
+        scrape(ctx)  # its detector row was undone with it: this is its third breaching scrape
+        assert len(incidents_of(stack, broken)) == 1
+        assert all(len(incidents_of(stack, name)) == 1 for name in burst)
+    finally:
+        for name in burst:
+            sim.services.pop(name, None)
+
+
 # ======================================================================= audit
 
 
