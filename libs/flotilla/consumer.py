@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import FrameType
@@ -95,6 +95,10 @@ class LoopConfig:
     # turns it off and bounds its transactions with that timeout instead.
     pipeline: bool = True
     max_retries: int = 3
+    # How long a batch waits out a lost database (a restart, a failover) before the loop
+    # gives up and the process exits: a PostgreSQL restart takes seconds, and a member that
+    # crashes for it is restarted with a growing back-off (Kubernetes' CrashLoopBackOff).
+    database_patience: float = 120.0
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     follow_workflow: bool = True  # gate incident records on the workflow state machine
@@ -370,7 +374,9 @@ class ConsumerLoop:
         items = self._decode_batch(msgs)
         if items is None:
             return  # asked to stop while the registry was away: nothing done, nothing committed
-        for attempt in range(self.config.max_retries + 1):
+        gives_up_at = time.monotonic() + self.config.database_patience
+        attempt = 0
+        while True:
             try:
                 with self._pool.connection() as conn:
                     self._run(conn, items)
@@ -378,11 +384,14 @@ class ConsumerLoop:
             except psycopg.OperationalError as exc:
                 # The connection or the transaction failed: nothing of the batch
                 # committed, so running it again is safe.
-                if attempt == self.config.max_retries:
+                attempt += 1
+                if time.monotonic() >= gives_up_at or self._stopping.is_set():
                     raise
                 metrics.RETRIES.labels(self.config.name).inc()
-                log.warning("batch transaction failed (%s), retrying", exc)
-                time.sleep(self._backoff(attempt + 1))
+                log.warning("batch transaction failed (%s), retrying (attempt %d)", exc, attempt)
+                time.sleep(self._backoff(attempt))
+                with suppress(psycopg.Error):
+                    self._pool.check()  # after a restart every pooled connection is dead: drop them at once
         if self._on_committed is not None:
             self._on_committed(msgs)
         self._store_offsets(msgs)

@@ -83,8 +83,14 @@ class RawLoop:
             stats_interval_ms=stats_interval_ms,
             overrides=kafka or {},
         )
-        self._consumer = Consumer(self._kafka)
+        self._consumer: Consumer | None = None  # made on first use: librdkafka connects as it is made
         self._subscribed = False
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(self._kafka)
+        return self._consumer
 
     def kafka_config(self) -> dict[str, Any]:
         """The consumer's librdkafka configuration (``kafka`` overrides won)."""
@@ -102,24 +108,25 @@ class RawLoop:
             self.close()
 
     def close(self) -> None:
-        self._consumer.close()
+        if self._consumer is not None:
+            self._consumer.close()
         self._lag.clear()
 
     def poll_once(self, stopping: threading.Event | None = None) -> int:
         """One poll batch, handled in a transaction and its offsets stored; returns how many records it held."""
         if not self._subscribed:
-            self._consumer.subscribe(list(self.topics))
+            self.consumer.subscribe(list(self.topics))
             self._subscribed = True
         # Take what is already fetched after the first record, without lingering.
         records = poll_batch(
-            self._consumer, poll_timeout=self._poll_timeout, batch_size=self._batch_size, linger=0, name=self.group
+            self.consumer, poll_timeout=self._poll_timeout, batch_size=self._batch_size, linger=0, name=self.group
         )
         if not records:
             return 0
         after = self._commit_batch(records, stopping)
         if after is None:
             return 0  # asked to stop before the batch committed: redelivered after a restart
-        store_offsets(self._consumer, records)
+        store_offsets(self.consumer, records)
         after()
         return len(records)
 

@@ -8,6 +8,7 @@ from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -121,3 +122,44 @@ def test_the_raw_loop_survives_offsets_refused_after_a_rebalance() -> None:
     loop._consumer = _Consumer(KafkaError._INVALID_ARG, records=_msgs())  # type: ignore[assignment]
     with pytest.raises(KafkaException):
         loop.poll_once()
+
+
+class _RestartingDatabase:
+    """A pool whose database is gone for the first ``failures`` checkouts."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.checks = 0
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        if self.failures:
+            self.failures -= 1
+            raise psycopg.OperationalError("terminating connection due to unexpected postmaster exit")
+        yield SimpleNamespace()
+
+    def check(self) -> None:
+        self.checks += 1
+
+
+def test_a_batch_waits_out_a_database_restart_instead_of_crashing_the_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three quick retries (0.35 s) ended every member with a batch in flight when
+    # PostgreSQL was killed in the chaos soak: the restart takes seconds.
+    loop, fake = _loop(None, backoff_initial=0.001, backoff_max=0.001)
+    database = _RestartingDatabase(failures=10 * loop.config.max_retries)
+    loop._pool = database  # type: ignore[assignment]
+    ran: list[Any] = []
+    monkeypatch.setattr(loop, "_decode_batch", lambda msgs: [])
+    monkeypatch.setattr(loop, "_run", lambda conn, items: ran.append(conn))
+    loop.process(_msgs())
+    assert len(ran) == 1 and fake.stored  # committed once, then its offsets stored
+    assert database.checks == 10 * loop.config.max_retries  # dead pooled connections dropped after each failure
+
+
+def test_a_database_gone_longer_than_the_patience_still_ends_the_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    loop, fake = _loop(None, backoff_initial=0.001, backoff_max=0.001, database_patience=0.05)
+    loop._pool = _RestartingDatabase(failures=10**9)  # type: ignore[assignment]
+    monkeypatch.setattr(loop, "_decode_batch", lambda msgs: [])
+    with pytest.raises(psycopg.OperationalError):
+        loop.process(_msgs())
+    assert not fake.stored  # nothing committed: redelivered to whoever takes the partitions
