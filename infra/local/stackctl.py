@@ -88,6 +88,11 @@ TOPICS = {
 }
 GLOBAL_COMPATIBILITY = "BACKWARD"
 
+# Aborts transactions a Kafka restart left hanging (infra/local/txn_watchdog.py); its
+# record holds one JSON line per abort (the chaos soak counts them).
+TXN_WATCHDOG = "txn-watchdog"
+TXN_WATCHDOG_RECORD = RUN / "hanging-transactions.jsonl"
+
 UP_TIMEOUT_S = float(os.environ.get("FLOTILLA_STACK_TIMEOUT", "240"))
 
 
@@ -772,6 +777,18 @@ stopwaitsecs=60
 redirect_stderr=true
 stdout_logfile={LOGS / "connect.log"}
 environment={env_line({})}
+
+[program:{TXN_WATCHDOG}]
+command={sys.executable} {LOCAL_DIR / "txn_watchdog.py"} --bootstrap {HOST}:{PORTS["kafka"]} --java {java}
+    --kafka-libs {libs} --log4j-config {LOCAL_DIR / "log4j2-tools.properties"} --record {TXN_WATCHDOG_RECORD}
+autostart=false
+autorestart=true
+startretries=20
+startsecs=2
+stopsignal=TERM
+stopwaitsecs=10
+redirect_stderr=true
+stdout_logfile={LOGS / f"{TXN_WATCHDOG}.log"}
 """
     )
     return conf
@@ -887,6 +904,11 @@ def up() -> None:
     _start(BY_NAME["registry"], UP_TIMEOUT_S)
     _ensure_compatibility()
     _start(BY_NAME["connect"], UP_TIMEOUT_S, restart=transforms_rebuilt)
+    watchdog = SUPERVISOR.states().get(TXN_WATCHDOG)
+    if watchdog is None:  # supervisord runs a config written by an older checkout
+        _say(f"no {TXN_WATCHDOG} in the running supervisord: `make stack-down stack-up` to add it")
+    elif watchdog != "RUNNING":
+        SUPERVISOR.ctl("start", TXN_WATCHDOG, check=False)
     took = time.monotonic() - t0
     _say(f"stack up in {took:.1f}s (java {major}, registry on java {registry_major}); settings in {ENV_FILE}")
 
@@ -896,7 +918,7 @@ def down() -> None:
         _say("stack is not running")
         return
     # Reverse dependency order: Connect and the registry before Kafka and PostgreSQL.
-    SUPERVISOR.shutdown(["connect", "registry", "kafka", "postgres"])
+    SUPERVISOR.shutdown([TXN_WATCHDOG, "connect", "registry", "kafka", "postgres"])
     _say("stack stopped (data kept in " + str(DATA) + ")")
 
 

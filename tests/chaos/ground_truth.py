@@ -10,6 +10,7 @@ what was lost or doubled, not just that something was.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,7 +23,9 @@ from flotilla.fleet import AGENTS, AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, SIM,
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings, kafka_connection
 from tests.chaos import db
+from tests.chaos.config import REPO_ROOT
 from tests.chaos.http import call
+from tests.support.scripts import load_script
 
 # Where an incident may end: resolved, compensated after a failed recovery, or handed to
 # people. Anything else after the drain is an incident the fleet lost track of.
@@ -295,4 +298,30 @@ def executor_settled(stack: StackSettings) -> Check:
     check = Check("executor: nothing left pending")
     check.counts["pending"] = len(pending)
     check.problems = [f"{k} still PENDING" for (k,) in pending]
+    return check
+
+
+def transactions_closed(stack: StackSettings, started: datetime, settle_seconds: float = 30) -> Check:
+    """No partition of the broker is left with an open transaction: each one's last stable
+    offset reaches its high watermark (a transaction still running may hold it back for a
+    moment, so one whose LSO still moves within ``settle_seconds`` passes). Counts what the
+    stack's transaction watchdog aborted during the run (infra/local/txn_watchdog.py)."""
+    stackctl = load_script("_chaos_stackctl", REPO_ROOT / "infra" / "local" / "stackctl.py")
+    watchdog = load_script("_chaos_txn_watchdog", REPO_ROOT / "infra" / "local" / "txn_watchdog.py")
+    admin = AdminClient(kafka_connection(stack.kafka_bootstrap))
+    first, _ = watchdog.read_offsets(admin)
+    deadline = time.monotonic() + settle_seconds
+    snapshot = first
+    while any(o.open_transaction for o in snapshot.values()) and time.monotonic() < deadline:
+        time.sleep(2)
+        snapshot, _ = watchdog.read_offsets(admin)
+    check = Check("no transaction left open on a partition")
+    check.counts["partitions"] = len(snapshot)
+    aborted = watchdog.read_record(stackctl.TXN_WATCHDOG_RECORD, since=started.timestamp())
+    check.counts["hanging aborted by the watchdog"] = len(aborted)
+    check.problems = [
+        f"{topic}-{partition}: LSO {o.stable} < high watermark {o.high}"
+        for (topic, partition), o in sorted(snapshot.items())
+        if o.open_transaction and first.get((topic, partition)) == o
+    ]
     return check

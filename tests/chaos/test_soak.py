@@ -155,6 +155,7 @@ def test_chaos_soak(
         truth.audit_chain(),
         truth.dlq_only_poison(stack, started, poisoned),
         truth.executor_settled(stack),
+        truth.transactions_closed(stack, started),
     ]
 
     print("\n[chaos] " + "\n[chaos] ".join(c.line() for c in checks), flush=True)

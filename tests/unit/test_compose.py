@@ -28,10 +28,10 @@ import yaml
 from flotilla.connectors import connector_name, outbox_connector_config
 from flotilla.outbox import OUTBOX_MIGRATION
 from tests.support import containers
+from tests.support.scripts import load_script
 
 from ..poms import LOCAL_STACK_POM, TRANSFORMS_POM, pom_property, pom_text
 from .dockerfiles import stages
-from .scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from .scripts import load_script
+from tests.support.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKCTL = REPO_ROOT / "infra" / "local" / "stackctl.py"
