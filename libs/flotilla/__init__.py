@@ -15,7 +15,8 @@ modules: ``records`` (the typed records, generated from ``schemas/``), ``command
 - ``consumer`` + ``handling`` + ``dedupe`` + ``deadletter``: the idempotent consumer loop
 - ``rawloop`` + ``rawrecords``: consuming and showing records undecoded (audit, DLQ)
 - ``workflow``: the incident state machine and budgets;  ``digest``: approval digests
-- ``deferred``: slow calls outside the consumer's transaction;  ``tracing``: OpenTelemetry spans
+- ``deferred`` + ``heartbeat``: slow calls outside the consumer's transaction, under a lease kept alive
+- ``tracing``: OpenTelemetry spans
 - ``runner``: declaring (``ServiceSpec``) and running (``run_service``, ``run_app``) a service
 - ``fleet``: who is who;  ``metrics`` + ``http``: the operational surface
 - ``provision``: ``python -m flotilla.provision``, a stack made ready for a fleet in one run
@@ -31,6 +32,7 @@ from flotilla.digest import command_digest
 from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_traceparent
 from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused, Report
+from flotilla.heartbeat import Heartbeat
 from flotilla.http import create_app
 from flotilla.outbox import Outbox
 from flotilla.rawloop import AfterCommit, RawLoop
@@ -81,6 +83,7 @@ __all__ = [
     "Finish",
     "Handler",
     "HandlerContext",
+    "Heartbeat",
     "IncidentState",
     "Incoming",
     "IncompatibleSchemaError",

@@ -13,11 +13,13 @@ claim — and the loop moves on. A :class:`Worker` (periodic tasks, one thread e
    ``decide`` write and emit. What it emits is caused by the deferred record, so
    causation, hops and the incident's trace go on as if the handler had emitted it.
 
-A crash between 1 and 3 leaves the row pending: the lease runs out and another worker
-runs it again, so ``gather`` must be safe to repeat (reads and model calls are). Only
-step 3 writes, and only once: the row turns ``done`` in the same transaction. A
-``gather`` that fails is retried after ``retry_seconds``; at the work's deadline
-``give_up`` decides instead (typically: escalate to a person).
+While ``gather`` runs, the worker renews the lease every third of it (a heartbeat), so
+the lease can be short whatever the call's worst case. A crash between 1 and 3 leaves the
+row pending: the lease runs out and another worker runs it again, so ``gather`` must be
+safe to repeat (reads and model calls are). Only step 3 writes, and only once: the row
+turns ``done`` in the same transaction. A ``gather`` that fails is retried after
+``retry_seconds``; at the work's deadline ``give_up`` decides instead (typically:
+escalate to a person).
 
 Workers do not poll for work. :func:`defer` also sends a PostgreSQL ``NOTIFY``, which is
 delivered only when the handler's transaction commits, so a worker (of any replica) is
@@ -44,6 +46,7 @@ from psycopg.types.json import Jsonb
 from flotilla import tracing
 from flotilla.envelope import Envelope
 from flotilla.handling import HandlerContext, Incoming
+from flotilla.heartbeat import Heartbeat
 from flotilla.typedrecord import Record
 from flotilla.workflow import IncidentState, WorkflowStore
 
@@ -208,6 +211,8 @@ class Worker(Generic[T]):
         self._gather = gather
         self._decide = decide
         self._give_up = give_up
+        # Renewed every third of itself while ``gather`` runs (flotilla.heartbeat): a live
+        # worker keeps its work however slow the call, a killed one loses it this soon.
         self.lease_seconds = lease_seconds
         self.retry_seconds = retry_seconds
         # The longest sleep without a NOTIFY: bounds what a missed one (listener reconnecting) costs.
@@ -264,7 +269,8 @@ class Worker(Generic[T]):
             parent=work.record.envelope.traceparent,
         ):
             try:
-                result = self._gather(ctx, work)
+                with Heartbeat(lambda: self._renew(ctx, work, token), self.lease_seconds / 3, f"{self.kind} work"):
+                    result = self._gather(ctx, work)
             except Exception as exc:
                 error = f"{exc.__class__.__name__}: {exc}"
                 log.warning("%s work %s (%s) failed: %s", self.kind, work.work_id, work.incident_id, error)
@@ -304,6 +310,17 @@ class Worker(Generic[T]):
         record = Incoming(row["topic"], 0, 0, envelope.correlationid, envelope, row["record_type"], decoded.value)
         work = Work(row["work_id"], row["kind"], record, row["attempts"], row["deadline"], row["last_error"])
         return work, token
+
+    def _renew(self, ctx: ServiceContext, work: Work, token: str) -> bool:
+        """Move the lease on from now; False if the work is no longer ours."""
+        until = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
+        with ctx.pool.connection() as conn:
+            held = conn.execute(
+                "UPDATE deferred_work SET lease_until = greatest(lease_until, %s) "
+                "WHERE work_id = %s AND status = 'pending' AND lease_token = %s RETURNING 1",
+                (until, work.work_id, token),
+            ).fetchone()
+        return held is not None
 
     def _finish(self, ctx: ServiceContext, work: Work, token: str, step: Callable[[Finish], str]) -> str:
         """Run ``step`` in a short transaction if the work is still ours; mark it finished."""

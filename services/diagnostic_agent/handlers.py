@@ -29,6 +29,7 @@ from flotilla import (
     Finish,
     Handler,
     HandlerContext,
+    Heartbeat,
     Record,
     ServiceContext,
     Status,
@@ -198,7 +199,10 @@ class DiagnosticAgent:
             log.info("diagnostic job %s abandoned: incident %s is %s", job.job_id, job.incident_id, status.value)
             return self._conclude(ctx, job, now, "abandoned")
         try:
-            outcome: Diagnosis | ReasoningFailed = self._reason(self._evidence_for(ctx, job))
+            with Heartbeat(
+                self._lease_keeper(ctx, job.job_id, now + lease), lease.total_seconds() / 3, "diagnostic job"
+            ):
+                outcome: Diagnosis | ReasoningFailed = self._reason(self._evidence_for(ctx, job))
         except Exception as exc:  # the sim did not answer, or anything else went wrong
             error = f"{exc.__class__.__name__}: {exc}"
             log.warning("diagnostic job %s could not finish: %s", job.job_id, error)
@@ -212,6 +216,22 @@ class DiagnosticAgent:
                 "it asked for more evidence after the job had run", reasoner=self.reasoner.name, usage=usage
             )
         return self._conclude(ctx, job, now, outcome)
+
+    def _lease_keeper(self, ctx: ServiceContext, job_id: str, held_until: datetime) -> Callable[[], bool]:
+        """A heartbeat's renew for one leased job: the lease moves on from the real clock
+        (never back), so a slow sim or model keeps the job and a killed worker does not."""
+        lease = timedelta(seconds=self.settings.diagnose_lease_seconds)
+        held = [held_until]
+
+        def renew() -> bool:
+            until = max(held[0], datetime.now(UTC) + lease)
+            with ctx.pool.connection() as conn:
+                if not jobs.extend_lease(conn, job_id, held_until=held[0], until=until):
+                    return False
+            held[0] = until
+            return True
+
+        return renew
 
     def _evidence_for(self, ctx: ServiceContext, job: jobs.Job) -> DiagnosticEvidence:
         snapshot = self.sim.snapshot(

@@ -119,6 +119,16 @@ def lease_due(conn: psycopg.Connection[Any], now: datetime, *, until: datetime) 
     return Job(**{**row, "job_id": str(row["job_id"])})
 
 
+def extend_lease(conn: psycopg.Connection[Any], job_id: str, *, held_until: datetime, until: datetime) -> bool:
+    """Move a leased job's due time from ``held_until`` (the lease we hold) to ``until``;
+    False if it is no longer ours (finished, or its lease ran out and another took it)."""
+    row = conn.execute(
+        "UPDATE diagnostic_jobs SET due_at = %s WHERE job_id = %s AND status = 'running' AND due_at = %s RETURNING 1",
+        (until, job_id, held_until),
+    ).fetchone()
+    return row is not None
+
+
 def claim(conn: psycopg.Connection[Any], job_id: str, now: datetime) -> str | None:
     """Finish one particular running job in this transaction: ``running`` → ``done``,
     which only one instance can do; None if it is not running (someone finished it)."""

@@ -27,9 +27,10 @@ class DiagnosticSettings(AgentSettings):
     diagnostic_job_poll_seconds: float = Field(1.0, gt=0)  # how often due jobs are looked for
     diagnostic_job_retry_seconds: float = Field(5.0, gt=0)  # a job that could not finish tries again after
     # Diagnoses run outside the consumer's transaction (flotilla.deferred) on this many
-    # threads, each owning its request this long (the LLM's worst case, with margin).
+    # threads, each owning its request (and a job its evidence) this long past its last
+    # heartbeat: renewed every third of it while the sim or model answers, however slowly.
     diagnose_workers: int = Field(4, ge=1, le=32)
-    diagnose_lease_seconds: float = Field(420.0, gt=0)
+    diagnose_lease_seconds: float = Field(30.0, gt=0)
     # How often healthy latencies are sampled into baselines ("normal"); 0 turns it off.
     baseline_seconds: float = Field(5.0, ge=0)
     baseline_weight: float = Field(0.2, gt=0, le=1)  # EWMA weight of a new sample

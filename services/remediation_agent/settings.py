@@ -27,9 +27,10 @@ class RemediationSettings(AgentSettings):
     # Planning runs outside the consumer's transaction (flotilla.deferred), on this many
     # threads: one slow model answer delays only its own incident.
     propose_workers: int = Field(4, ge=1, le=32)
-    # A worker owns a diagnosis this long; longer than the reasoner's worst case (the sim's
-    # 5 s, the LLM's 60 s timeout with 2 transport retries, twice for a rejected answer).
-    propose_lease_seconds: float = Field(420.0, gt=0)
+    # A worker owns a diagnosis this long past its last heartbeat (it renews every third of
+    # it while the reasoner runs, however slow): a killed worker's plan is taken up again
+    # after at most this long.
+    propose_lease_seconds: float = Field(30.0, gt=0)
     propose_retry_seconds: float = Field(2.0, gt=0)  # after a sim or model server that did not answer
     # Still no plan this long after the diagnosis: escalate to a person.
     propose_deadline_seconds: float = Field(600.0, gt=0)

@@ -513,6 +513,39 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
     assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
 
 
+def test_a_job_whose_evidence_is_slower_than_its_lease_is_not_taken_by_another_instance(
+    stack: StackSettings,
+    serde: AvroSerde,
+    diagnostic: tuple[ServiceContext, DiagnosticAgent],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    """The finisher renews its lease on the job while the sim answers (flotilla.heartbeat):
+    with a 1.5 s lease and a 4 s sim, a second instance looking after the first lease
+    would have run out finds nothing due, and the job is finished once."""
+    ctx, _ = diagnostic
+    slow_ctx, agent = with_reasoner(ctx, RulesReasoner(), diagnostic_job_seconds=0.1, diagnose_lease_seconds=1.5)
+    incident = new_incident()
+    produce(stack, topic, serde, incident_opened(incident))
+    drain(on_topic(slow_ctx, topic), 2)
+    time.sleep(0.2)
+
+    fake_sim.delay = 4.0
+    first: list[str | None] = []
+    finishing = threading.Thread(target=lambda: first.append(agent.finish_one(slow_ctx)))
+    finishing.start()
+    leased = "SELECT due_at FROM diagnostic_jobs WHERE incident_id = %s AND attempts = 1"
+    _wait_until(lambda: scalar(ctx, leased, incident) is not None, 10, "the first instance never leased the job")
+    held_until = scalar(ctx, leased, incident)
+    time.sleep(2.5)  # past the first lease: only its heartbeat keeps the job
+    assert scalar(ctx, leased, incident) > held_until  # renewed while the sim answers
+    second = agent.finish_one(with_reasoner(ctx, RulesReasoner(), diagnose_lease_seconds=1.5)[0])
+    finishing.join(30)
+    assert second is None
+    assert first == [DependencyFailureSuspected.TYPE]
+    assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
+
+
 def test_a_job_finisher_holds_no_transaction_while_it_gathers_evidence(
     stack: StackSettings,
     serde: AvroSerde,
@@ -742,8 +775,10 @@ class _SlowFor(RulesReasoner):
         super().__init__()
         self.incident, self.seconds = incident, seconds
         self.thinking = threading.Event()
+        self.calls: list[str] = []  # the incident of every plan asked for
 
     def propose(self, diagnosis: Diagnosis, topology: Topology) -> Any:
+        self.calls.append(diagnosis.incident_id)
         if diagnosis.incident_id == self.incident:
             self.thinking.set()
             time.sleep(self.seconds)
@@ -858,6 +893,54 @@ def test_a_model_taking_30_s_delays_no_other_incident_and_holds_no_transaction(
     assert [t for t, _, _ in outbox(ctx, fast)] == [RecoveryProposed.TYPE]
     assert [t for t, _, _ in outbox(ctx, slow)] == [RecoveryProposed.TYPE]
     print(f"second incident proposed {fast_after:.2f} s after the first one's model call began")
+
+
+def test_a_plan_slower_than_its_lease_keeps_it_and_a_dead_workers_plan_is_taken_up_soon(
+    stack: StackSettings,
+    serde: AvroSerde,
+    remediation: tuple[ServiceContext, RemediationSettings],
+    fake_sim: FakeSim,
+    topic: str,
+) -> None:
+    """Leases are short because a live worker renews its own (flotilla.heartbeat). With a
+    1.5 s lease: a plan taking 4 s is not taken by the agent's other worker threads
+    meanwhile (one model call, one proposal, nothing dropped), and a plan claimed by a
+    worker that then died is taken up once its 1.5 s have run out — with the 420 s lease
+    that had to outlast the slowest model, such a plan waited 7 minutes in the chaos soak."""
+    base, settings = remediation
+    short = settings.model_copy(update={"propose_lease_seconds": 1.5})
+    slow, orphaned = new_incident(), new_incident()
+    reasoner = _SlowFor(slow, 4.0)
+    spec, _ = remediation_spec(short, reasoner=reasoner)
+    ctx = ServiceContext(spec, short, base.pool, base.serde)
+    produce(stack, topic, serde, [*_diagnosed(slow), *_diagnosed(orphaned)])
+    drain(on_topic(ctx, topic), 6)  # both plans deferred
+    with ctx.pool.connection() as conn:  # a worker claimed the orphan's plan and was killed
+        claimed = conn.execute(
+            "UPDATE deferred_work SET lease_token = gen_random_uuid(), attempts = attempts + 1, "
+            "lease_until = now() + interval '1.5 seconds' WHERE incident_id = %s AND status = 'pending' RETURNING 1",
+            (orphaned,),
+        ).fetchone()
+    assert claimed is not None
+    orphan_claimed = time.monotonic()
+    workers = start_periodic(ctx)  # propose_workers threads
+    try:
+        _wait_until(lambda: outbox(ctx, orphaned), 15, "the dead worker's plan was never taken up")
+        taken_up = time.monotonic() - orphan_claimed
+        _wait_until(lambda: outbox(ctx, slow), 30, "the slow plan was never proposed")
+    finally:
+        ctx.stopping.set()
+        for worker in workers:
+            worker.join(40)
+    assert 1.2 < taken_up < 6.0, f"taken up {taken_up:.2f} s after the dead worker's claim, lease 1.5 s"
+    assert reasoner.calls.count(slow) == 1, reasoner.calls  # nobody took the slow plan while it ran
+    assert [t for t, _, _ in outbox(ctx, slow)] == [RecoveryProposed.TYPE]
+    assert [t for t, _, _ in outbox(ctx, orphaned)] == [RecoveryProposed.TYPE]
+    with ctx.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT incident_id, attempts, status FROM deferred_work WHERE incident_id IN (%s, %s)", (slow, orphaned)
+        ).fetchall()
+    assert sorted(rows) == sorted([(slow, 1, "done"), (orphaned, 2, "done")])
 
 
 def _longest_open_transaction(ctx: ServiceContext, database: str) -> float:
