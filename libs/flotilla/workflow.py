@@ -44,6 +44,9 @@ S = Status
 TERMINAL = frozenset({S.RESOLVED, S.ESCALATED})
 OPEN = frozenset(Status) - TERMINAL - {S.NEW}
 
+# Where an execution's result is accepted: after the approval, or before it has arrived.
+EXECUTABLE = frozenset({S.PROPOSED, S.AWAITING_APPROVAL, S.AUTHORIZED, S.EXECUTED})
+
 # record type -> (states that accept it, state it leads to; None = stays where it is)
 TRANSITIONS: dict[str, tuple[frozenset[Status], Status | None]] = {
     r.ServiceLatencyIncreased.TYPE: (frozenset({S.NEW}), S.DETECTED),
@@ -58,9 +61,15 @@ TRANSITIONS: dict[str, tuple[frozenset[Status], Status | None]] = {
     r.RecoveryRejected.TYPE: (frozenset({S.AWAITING_APPROVAL}), S.REJECTED),
     r.ApprovalExpired.TYPE: (frozenset({S.AWAITING_APPROVAL}), S.EXPIRED),
     r.CommandDenied.TYPE: (frozenset({S.PROPOSED}), S.DENIED),
-    # Multi-step plans execute step after step.
-    r.RecoveryExecuted.TYPE: (frozenset({S.AUTHORIZED, S.EXECUTED}), S.EXECUTED),
-    r.CommandFailed.TYPE: (frozenset({S.AUTHORIZED, S.EXECUTED}), S.FAILED),
+    # Multi-step plans execute step after step. An execution (or its failure) is also taken
+    # before the approval that led to it: the policy's approval and its command leave in one
+    # PostgreSQL transaction but may reach Kafka in two Connect transactions, and the
+    # executor's result can come in between (a policy kill in the chaos soak held the
+    # approval back; the execution was then dropped as stale and the incident hung). The
+    # executor acts only on a command the policy signed, so the approval is implied; when
+    # it arrives it is stale.
+    r.RecoveryExecuted.TYPE: (EXECUTABLE, S.EXECUTED),
+    r.CommandFailed.TYPE: (EXECUTABLE, S.FAILED),
     r.RecoveryCompleted.TYPE: (frozenset({S.EXECUTED}), S.RESOLVED),
     r.RecoveryFailed.TYPE: (frozenset({S.EXECUTED}), S.FAILED),
     r.CompensationCompleted.TYPE: (frozenset({S.FAILED}), S.COMPENSATED),

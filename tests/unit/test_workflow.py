@@ -131,6 +131,21 @@ def test_multi_step_plan_executes_step_after_step() -> None:
     assert final.version == 9
 
 
+@pytest.mark.parametrize("waiting", [[], [APPROVAL_REQUIRED]])
+@pytest.mark.parametrize(("result", "then"), [(EXECUTED, Status.EXECUTED), (COMMAND_FAILED, Status.FAILED)])
+def test_an_execution_ahead_of_its_approval_is_taken_and_the_late_approval_is_stale(
+    waiting: list[str], result: str, then: Status
+) -> None:
+    """The approval and its command leave the policy in one PostgreSQL transaction but may
+    reach Kafka in two Connect transactions, and the executor's result can land in between
+    (seen in the chaos soak): the result is taken, the approval that follows is stale."""
+    state = _apply([*THROUGH_DIAGNOSIS, PROPOSED, *waiting, result])
+    assert state.status is then
+    assert not accepts(state, APPROVED)
+    if result == EXECUTED:
+        assert _apply([*THROUGH_DIAGNOSIS, PROPOSED, *waiting, EXECUTED, COMPLETED]).status is Status.RESOLVED
+
+
 def test_a_newer_proposal_supersedes_one_awaiting_approval() -> None:
     waiting = _apply([*THROUGH_DIAGNOSIS, PROPOSED, APPROVAL_REQUIRED])
     assert waiting.status is Status.AWAITING_APPROVAL
