@@ -280,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": args.bootstrap, "log_level": 3})
+    # librdkafka's own lines (connection refused while Kafka restarts) would flood the log;
+    # a failed tick says what went wrong once.
+    admin = AdminClient({"bootstrap.servers": args.bootstrap, "log_level": 0})
     watchdog = Watchdog(TransactionsTool(args.java, args.kafka_libs, args.log4j_config, args.bootstrap), args.record)
     log.info("watching every partition's LSO every %.0fs", args.interval)
     while True:
