@@ -199,8 +199,26 @@ def _request(url: str, method: str = "GET", body: object | None = None) -> Any:
 
 
 def register_connector(connect_url: str, name: str, config: dict[str, str]) -> None:
-    """Create or update a connector (PUT is idempotent: same config, no restart)."""
-    _request(f"{connect_url}/connectors/{name}/config", method="PUT", body=config)
+    """Create or update a connector; leave it alone when its config is already this one.
+
+    Connect restarts a connector on every PUT of its config, an unchanged one included
+    ("connector-only config update"), so a service that restarts (a crash, a deploy) would
+    otherwise restart its outbox connector too."""
+    url = f"{connect_url}/connectors/{name}/config"
+    try:
+        current = _request(url)
+    except ConnectError as exc:
+        if exc.status != 404:
+            raise
+        current = None
+    if isinstance(current, dict) and _without_name(current) == _without_name(config):
+        return
+    _request(url, method="PUT", body=config)
+
+
+def _without_name(config: dict[str, Any]) -> dict[str, Any]:
+    """A connector's config as Connect returns it holds its name too."""
+    return {k: v for k, v in config.items() if k != "name"}
 
 
 def delete_connector(connect_url: str, name: str) -> None:

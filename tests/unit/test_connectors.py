@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from flotilla import connectors
 from flotilla.connectors import (
     BACKGROUND_POLL_INTERVAL_MS,
     DROP_NULL_HEADERS,
@@ -248,3 +249,56 @@ def test_a_task_hands_over_each_row_at_once_and_reads_a_one_partition_offsets_to
     strimzi = yaml.safe_load((root / "infra" / "k8s" / "base" / "connect" / "kafkaconnect.yaml").read_text())
     assert strimzi["spec"]["config"]["offset.storage.partitions"] == 1
     assert "offset.storage.partitions=1" in (root / "infra" / "local" / "stackctl.py").read_text()
+
+
+class FakeConnect:
+    """Stands in for Connect's REST API: one connector's config, every request recorded."""
+
+    def __init__(self, current: dict[str, str] | None) -> None:
+        self.current = current
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, url: str, method: str = "GET", body: object | None = None) -> object:
+        self.calls.append((method, url))
+        if method == "GET":
+            if self.current is None:
+                raise connectors.ConnectError(f"GET {url} -> 404: not found", 404)
+            return self.current
+        assert isinstance(body, dict)
+        self.current = {**body, "name": "outbox-flotilla-health"}
+        return self.current
+
+
+@pytest.mark.parametrize(
+    ("current", "puts"),
+    [
+        (None, 1),  # new connector
+        ("same", 0),  # a restarting service: Connect would restart the connector on any PUT
+        ("changed", 1),  # a changed setting
+    ],
+)
+def test_a_connector_is_put_only_when_missing_or_changed(
+    monkeypatch: pytest.MonkeyPatch, config: dict[str, str], current: str | None, puts: int
+) -> None:
+    existing = {
+        None: None,
+        "same": {**config, "name": "outbox-flotilla-health"},
+        "changed": {**config, "poll.interval.ms": "999", "name": "outbox-flotilla-health"},
+    }[current]
+    fake = FakeConnect(existing)
+    monkeypatch.setattr(connectors, "_request", fake)
+    connectors.register_connector("http://connect", "outbox-flotilla-health", config)
+    assert [m for m, _ in fake.calls].count("PUT") == puts
+    assert fake.current is not None and {k: v for k, v in fake.current.items() if k != "name"} == config
+
+
+def test_a_connect_that_cannot_answer_is_not_taken_for_a_missing_connector(
+    monkeypatch: pytest.MonkeyPatch, config: dict[str, str]
+) -> None:
+    def busy(url: str, method: str = "GET", body: object | None = None) -> object:
+        raise connectors.ConnectError(f"{method} {url} -> 409: rebalance in progress", 409)
+
+    monkeypatch.setattr(connectors, "_request", busy)
+    with pytest.raises(connectors.ConnectError) as caught:
+        connectors.register_connector("http://connect", "outbox-flotilla-health", config)
+    assert caught.value.transient
