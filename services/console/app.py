@@ -52,7 +52,7 @@ UPSTREAM_ERRORS = Counter(
 OPERATIONAL = frozenset({"/healthz", "/readyz", "/metrics"})
 # An anonymous session only carries the login form's CSRF token and a flash or two.
 ANONYMOUS_LIFETIME_S = 3600.0
-APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "superseded", "all")
+APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "superseded", "withdrawn", "all")
 
 
 class LoginRequired(Exception):

@@ -235,6 +235,11 @@ def decision_refusal(exc: FleetApiError, action: str) -> str:
             "Refused (409 expired): the approval deadline has passed, the proposal expired and the "
             f"incident is escalated. The policy service said: {detail}"
         )
+    if exc.status == 409 and "withdrawn" in lowered:
+        return (
+            "Refused (409 withdrawn): a target of this plan no longer exists in the estate, so the proposal "
+            f"was withdrawn and the incident escalated. The policy service said: {detail}"
+        )
     if exc.status == 409:
         return f"Refused (409): this proposal can no longer be {action}d. The policy service said: {detail}"
     if exc.status == 404:

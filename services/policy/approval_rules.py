@@ -29,6 +29,7 @@ class ProposalStatus(enum.StrEnum):
     EXPIRED = "expired"
     SUPERSEDED = "superseded"  # a newer proposal for the same incident and resource
     CANCELLED = "cancelled"  # the incident escalated while it waited
+    WITHDRAWN = "withdrawn"  # a target of the plan left the estate while it waited
 
 
 # Incident states in which an approval may still move the incident forward. NEW means
@@ -63,11 +64,20 @@ class ProposalView:
 class Refusal(Exception):
     """The request is refused; ``status`` is the HTTP status code to answer with."""
 
-    def __init__(self, status: int, detail: str, *, expire: bool = False, policy_ids: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        expire: bool = False,
+        withdraw: bool = False,
+        policy_ids: list[str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
         self.expire = expire  # the proposal is past its deadline: record the expiry
+        self.withdraw = withdraw  # a target left the estate: record the withdrawal
         self.policy_ids = policy_ids or []
 
 

@@ -9,6 +9,12 @@ workflow row (so no newer proposal is being recorded meanwhile), the current-pro
 rows of every resource the plan touches (it must still be the current one), the
 proposal row (still pending, same digest, deadline not passed), and the policies
 themselves (the plan, approved by a person, must still be allowed).
+
+Before that it asks the platform whether the plan's targets still exist. A proposal whose
+target has left the estate could only become a command the executor refuses, so it is
+*withdrawn* (RecoveryRejected by this service, and the incident escalated: a person
+decides what the incident needs now) rather than approved; a periodic check withdraws
+such proposals before anyone tries (:func:`withdraw_orphaned`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from services.policy.approval_rules import (
 )
 from services.policy.auth import Person
 from services.policy.commands import epoch_ms
-from services.policy.decide import Outcome
+from services.policy.decide import Outcome, Target
+from services.policy.inventory import missing
 from services.policy.runtime import PolicyRuntime
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,10 @@ PERSON_DECISIONS = Counter(
     "flotilla_policy_person_decisions_total", "Approvals and rejections over HTTP", ["action", "result"]
 )
 EXPIRED = Counter("flotilla_policy_approvals_expired_total", "Pending approvals that expired")
+WITHDRAWN = Counter(
+    "flotilla_policy_approvals_withdrawn_total",
+    "Pending approvals withdrawn because a target of the plan no longer exists in the estate",
+)
 PENDING = Gauge(
     "flotilla_policy_approvals_pending", "Proposals waiting for a person's decision (counted at every expiry sweep)."
 )
@@ -80,6 +91,8 @@ def decide_by_person(
         PERSON_DECISIONS.labels(action.value, str(refusal.status)).inc()
         if refusal.expire:
             expire(svc, proposal_id=proposal_id)  # its own transaction: the expiry stands
+        if refusal.withdraw:
+            withdraw(svc, proposal_id=proposal_id, reason=refusal.detail)  # likewise
         raise
     PERSON_DECISIONS.labels(action.value, "200").inc()
     return result
@@ -102,6 +115,8 @@ def _decide(
         check_person(runtime.engine, action, person, found.view())
         check_digest(found.view(), digest)
         check_open(found.view(), svc.now())
+        if action is Action.APPROVE and (gone := missing(runtime.inventory, found.targets)):
+            raise Refusal(409, f"proposal {proposal_id} is withdrawn: {gone_from_estate(gone)}", withdraw=True)
 
         # Lock in the service's one order: workflow row, current rows, proposal row.
         incident = WorkflowStore.load_for_update(conn, found.incident_id)
@@ -199,8 +214,33 @@ def _reject(
     now: datetime,
 ) -> Decided:
     why = (reason or "").strip() or f"rejected by {person.name}"
-    if not store.resolve(conn, proposal.proposal_id, ProposalStatus.REJECTED, by=person.name, resolution=why):
+    rejected, escalated = _refuse(svc, conn, proposal, ProposalStatus.REJECTED, by=person.name, why=why, now=now)
+    if rejected is None or escalated is None:
         raise Refusal(409, f"proposal {proposal.proposal_id} is no longer pending")
+    log.info("proposal %s rejected by %s: %s", proposal.proposal_id, person.name, why)
+    return Decided(
+        proposal.proposal_id,
+        proposal.incident_id,
+        ProposalStatus.REJECTED,
+        person.name,
+        {"RecoveryRejected": rejected.id, "IncidentEscalated": escalated.id},
+    )
+
+
+def _refuse(
+    svc: ServiceContext,
+    conn: psycopg.Connection[Any],
+    proposal: store.StoredProposal,
+    status: ProposalStatus,
+    *,
+    by: str,
+    why: str,
+    now: datetime,
+) -> tuple[Envelope | None, Envelope | None]:
+    """Resolve a pending proposal as ``status`` and say so: RecoveryRejected, then the
+    incident escalated to people. (None, None) when it was no longer pending."""
+    if not store.resolve(conn, proposal.proposal_id, status, by=by, resolution=why):
+        return None, None
     rejected = _about(
         svc,
         conn,
@@ -209,7 +249,7 @@ def _reject(
             incident_id=proposal.incident_id,
             proposal_id=proposal.proposal_id,
             digest=proposal.digest,
-            rejected_by=person.name,
+            rejected_by=by,
             reason=why,
             rejected_at=now,
         ),
@@ -221,20 +261,54 @@ def _reject(
         proposal,
         escalation(
             proposal.incident_id,
-            f"{person.name} rejected proposal {proposal.proposal_id} ({proposal.summary}): {why}",
+            f"{by} {'withdrew' if status is ProposalStatus.WITHDRAWN else 'rejected'} proposal "
+            f"{proposal.proposal_id} ({proposal.summary}): {why}",
             cause=rejected,
             at=now,
         ),
         cause=rejected,
     )
-    log.info("proposal %s rejected by %s: %s", proposal.proposal_id, person.name, why)
-    return Decided(
-        proposal.proposal_id,
-        proposal.incident_id,
-        ProposalStatus.REJECTED,
-        person.name,
-        {"RecoveryRejected": rejected.id, "IncidentEscalated": escalated.id},
-    )
+    return rejected, escalated
+
+
+def gone_from_estate(targets: list[Target]) -> str:
+    names = ", ".join(t.key for t in targets)
+    verb = "exists" if len(targets) == 1 else "exist"
+    return f"{names} no longer {verb} in the estate, so no command for it could run"
+
+
+def withdraw(svc: ServiceContext, *, proposal_id: str, reason: str) -> bool:
+    """Withdraw a pending proposal on the policy service's own account (RecoveryRejected by
+    it, then IncidentEscalated), exactly once however many callers race; False when it was
+    no longer pending."""
+    with svc.pool.connection() as conn, conn.transaction():
+        proposal = store.get(conn, proposal_id)
+        if proposal is None:
+            return False
+        rejected, _ = _refuse(
+            svc, conn, proposal, ProposalStatus.WITHDRAWN, by=svc.spec.name, why=reason, now=svc.now()
+        )
+    if rejected is None:
+        return False
+    WITHDRAWN.inc()
+    log.warning("proposal %s withdrawn; incident %s escalated: %s", proposal_id, proposal.incident_id, reason)
+    return True
+
+
+def withdraw_orphaned(svc: ServiceContext, runtime: PolicyRuntime, *, limit: int = 100) -> list[str]:
+    """The periodic check: withdraw every pending proposal a target of which the platform
+    says no longer exists. The look-ups run with no transaction open (the inventory is a
+    remote API); :func:`withdraw` re-checks that the proposal is still pending."""
+    with svc.pool.connection() as conn:
+        pending = store.listing(conn, ProposalStatus.PENDING, limit=limit)
+    withdrawn = []
+    for proposal in pending:
+        if svc.stopping.is_set():
+            break
+        gone = missing(runtime.inventory, proposal.targets)
+        if gone and withdraw(svc, proposal_id=proposal.proposal_id, reason=gone_from_estate(gone)):
+            withdrawn.append(proposal.proposal_id)
+    return withdrawn
 
 
 def expire(svc: ServiceContext, *, proposal_id: str | None = None, limit: int = 100) -> list[str]:

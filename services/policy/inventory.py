@@ -1,17 +1,24 @@
-"""Where the running replica count of a service comes from.
+"""What the platform says about a target: whether it exists, and how many replicas run.
 
 The 2x rule compares a scale command's target with what runs now. The proposal cannot
 be trusted for that number (a model could understate it to slip under the limit), so
 the policy service asks the platform itself: the sim's API locally, a static table in
 tests. An unknown count never guesses: the guard ``unknown-capacity-needs-human`` then
 asks a person.
+
+Whether a target exists matters for what waits for a person: a proposal whose target
+has left the estate (a service removed, renamed, moved to another environment) can only
+become a command the executor refuses, so the policy service withdraws it instead of
+leaving it for an approver to trip over (:func:`services.policy.approvals.withdraw`).
+Only a definite "no such service" counts: an inventory that cannot answer says None,
+and the proposal waits as before.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -25,14 +32,22 @@ class Inventory(Protocol):
         """Replicas running now, or None when unknown."""
         ...
 
+    def exists(self, target: Target) -> bool | None:
+        """Whether the platform has ``target`` (in its environment); None when it cannot say."""
+        ...
+
 
 class NoInventory:
     def current_replicas(self, target: Target) -> int | None:
         return None
 
+    def exists(self, target: Target) -> bool | None:
+        return None
+
 
 class StaticInventory:
-    """Replica counts by ``<environment>/<name>`` (tests, fixed environments)."""
+    """Replica counts by ``<environment>/<name>`` (tests, fixed environments): a target
+    the table does not name does not exist."""
 
     def __init__(self, replicas: Mapping[str, int]) -> None:
         self._replicas = dict(replicas)
@@ -40,9 +55,13 @@ class StaticInventory:
     def current_replicas(self, target: Target) -> int | None:
         return self._replicas.get(target.key)
 
+    def exists(self, target: Target) -> bool | None:
+        return target.key in self._replicas
+
 
 class SimInventory:
-    """``GET {sim}/services/{name}``: its ``replicas`` when its environment matches."""
+    """``GET {sim}/services/{name}``: its ``replicas`` when its environment matches; a
+    404, or the name in another environment, is a target that does not exist."""
 
     def __init__(self, base_url: str, timeout: float = 1.0) -> None:
         self._base = base_url.rstrip("/")
@@ -50,16 +69,33 @@ class SimInventory:
         # One long-lived client: creating one costs ~25 ms (its TLS context), per proposal.
         self._client = httpx.Client(timeout=timeout)
 
-    def current_replicas(self, target: Target) -> int | None:
+    def _describe(self, target: Target) -> tuple[bool | None, dict[str, Any] | None]:
+        """(exists, the service's description when it does)."""
         try:
             response = self._client.get(f"{self._base}/services/{target.name}")
+            if response.status_code == 404:
+                return False, None
             if response.status_code != 200:
-                return None
+                return None, None
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            log.warning("inventory: no replica count for %s: %s", target.key, exc)
-            return None
-        if not isinstance(body, dict) or body.get("environment") != target.environment:
-            return None
-        replicas = body.get("replicas")
+            log.warning("inventory: cannot look up %s: %s", target.key, exc)
+            return None, None
+        if not isinstance(body, dict) or "environment" not in body:
+            return None, None
+        if body["environment"] != target.environment:
+            return False, None
+        return True, body
+
+    def current_replicas(self, target: Target) -> int | None:
+        _, body = self._describe(target)
+        replicas = None if body is None else body.get("replicas")
         return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+
+    def exists(self, target: Target) -> bool | None:
+        return self._describe(target)[0]
+
+
+def missing(inventory: Inventory, targets: tuple[Target, ...]) -> list[Target]:
+    """The targets the platform definitely does not have (an unanswered look-up is not one)."""
+    return [t for t in targets if inventory.exists(t) is False]

@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS policy_proposals (
     policy_ids          text[]      NOT NULL,
     dry_run             boolean     NOT NULL,
     status              text        NOT NULL CHECK (status IN ('authorized', 'pending', 'denied', 'dry-run',
-                                        'approved', 'rejected', 'expired', 'superseded', 'cancelled')),
+                                        'approved', 'rejected', 'expired', 'superseded', 'cancelled',
+                                        'withdrawn')),
     required_role       text        NOT NULL,
     deadline            timestamptz,
     proposed_at         timestamptz NOT NULL,
@@ -51,3 +52,20 @@ CREATE TABLE IF NOT EXISTS policy_current_proposals (
     since       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (incident_id, resource)
 );
+
+-- 'withdrawn' (a target left the estate while a proposal waited) came after the table: a
+-- database made before it gets the wider CHECK once.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+         WHERE conname = 'policy_proposals_status_check'
+           AND pg_get_constraintdef(oid) LIKE '%withdrawn%'
+    ) THEN
+        ALTER TABLE policy_proposals DROP CONSTRAINT IF EXISTS policy_proposals_status_check;
+        ALTER TABLE policy_proposals ADD CONSTRAINT policy_proposals_status_check CHECK (status IN (
+            'authorized', 'pending', 'denied', 'dry-run', 'approved', 'rejected', 'expired', 'superseded',
+            'cancelled', 'withdrawn'));
+    END IF;
+END
+$$;

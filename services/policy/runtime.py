@@ -21,6 +21,7 @@ class PolicyRuntime:
     proposers: Keyring  # whose proposals it decides on
     approval_ttl_seconds: float = 900.0
     sweep_seconds: float = 1.0
+    target_check_seconds: float = 15.0
     dry_run: bool = False
     required_role: str = "approver"
     demo_users: bool = False
@@ -42,6 +43,7 @@ class PolicyRuntime:
             proposers=settings.proposer_keyring(),
             approval_ttl_seconds=settings.approval_ttl_seconds,
             sweep_seconds=settings.approval_sweep_seconds,
+            target_check_seconds=settings.approval_target_check_seconds,
             dry_run=settings.policy_dry_run,
             required_role=settings.approval_required_role,
             demo_users=demo,

@@ -1,7 +1,8 @@
 """The policy service, declared: the one place where a recommendation becomes authority.
 
 Consumes ``incidents`` (RecoveryProposed, IncidentEscalated), serves the approval API,
-and sweeps expired approvals every ``FLOTILLA_APPROVAL_SWEEP_SECONDS``. Its database
+sweeps expired approvals every ``FLOTILLA_APPROVAL_SWEEP_SECONDS`` and withdraws those
+whose target left the estate every ``FLOTILLA_APPROVAL_TARGET_CHECK_SECONDS``. Its database
 (``flotilla_policy``) holds proposals, decisions and who is current per resource.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from flotilla import ServiceContext, ServiceSpec
+from flotilla import Periodic, ServiceContext, ServiceSpec
 from flotilla.fleet import POLICY
 from services.policy import approvals, store
 from services.policy.api import install_routes
@@ -28,8 +29,15 @@ def build_spec(settings: PolicySettings | None = None, *, runtime: PolicyRuntime
     def expiry_sweep(ctx: ServiceContext) -> None:
         approvals.sweep(ctx)
 
+    def target_check(ctx: ServiceContext) -> None:
+        approvals.withdraw_orphaned(ctx, rt)
+
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
         install_routes(app, ctx, rt)
+
+    periodic: list[Periodic] = [(rt.sweep_seconds, expiry_sweep)]
+    if rt.target_check_seconds > 0:
+        periodic.append((rt.target_check_seconds, target_check))
 
     return ServiceSpec(
         name=POLICY.name,
@@ -37,7 +45,7 @@ def build_spec(settings: PolicySettings | None = None, *, runtime: PolicyRuntime
         topics=("incidents",),
         handlers=lambda ctx: make_handlers(ctx, rt),
         migrations=(store.migration(),),
-        periodic=((rt.sweep_seconds, expiry_sweep),),
+        periodic=tuple(periodic),
         routes=routes,
         emits=POLICY.emits,
     )

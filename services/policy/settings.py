@@ -48,6 +48,9 @@ class PolicySettings(ServiceSettings):
 
     approval_ttl_seconds: float = 900.0
     approval_sweep_seconds: float = 1.0
+    # How often pending proposals are checked against the inventory: one whose target has
+    # left the estate is withdrawn (0: only when someone tries to approve it).
+    approval_target_check_seconds: float = 15.0
     approval_required_role: str = "approver"
 
     def authorization_signer(self) -> Signer:

@@ -72,7 +72,7 @@ def list_approvals(
     ctx: typer.Context,
     token: Token = None,
     status: Annotated[
-        str, typer.Option("--status", help="pending, all, or any status (approved, rejected, expired, ...).")
+        str, typer.Option("--status", help="pending, all, or any status (approved, rejected, expired, withdrawn, ...).")
     ] = "pending",
     as_json: JsonFlag = False,
 ) -> None:

@@ -49,7 +49,7 @@ from flotilla.workflow import IncidentState, Status, WorkflowStore, transition
 from services.policy import approvals
 from services.policy.api import install_routes
 from services.policy.auth import TokenStore
-from services.policy.decide import PolicyEngine
+from services.policy.decide import PolicyEngine, Target
 from services.policy.handlers import make_handlers
 from services.policy.inventory import StaticInventory
 from services.policy.runtime import PolicyRuntime
@@ -519,6 +519,97 @@ def test_a_rejection_escalates(svc: ServiceContext, runtime: PolicyRuntime, clie
     assert escalated.value["escalatedTo"] == "on-call"
     assert not of_type(rows, SCALE)
     assert status_of(svc, value["proposalId"])[0] == "rejected"
+
+
+class Estate:
+    """An inventory whose services can leave: a StaticInventory over a table the test edits,
+    plus services it cannot say anything about (an unreachable platform)."""
+
+    def __init__(self, replicas: dict[str, int], unknown: frozenset[str] = frozenset()) -> None:
+        self.replicas = dict(replicas)
+        self.unknown = unknown
+
+    def current_replicas(self, target: Target) -> int | None:
+        return StaticInventory(self.replicas).current_replicas(target)
+
+    def exists(self, target: Target) -> bool | None:
+        return None if target.key in self.unknown else StaticInventory(self.replicas).exists(target)
+
+
+def assert_withdrawn(svc: ServiceContext, value: dict[str, Any], gone: str) -> None:
+    """Withdrawn once, on the policy service's account: RecoveryRejected (continuing the
+    request's chain) and the incident escalated; no approval, no command."""
+    rows = outbox(svc, value["incidentId"])
+    [request] = of_type(rows, HumanApprovalRequired.TYPE)
+    [rejected] = of_type(rows, RecoveryRejected.TYPE)
+    [escalated] = of_type(rows, IncidentEscalated.TYPE)
+    assert rejected.value["rejectedBy"] == "policy-service"
+    assert f"{gone} no longer exists in the estate" in rejected.value["reason"]
+    assert rejected.causation == request.id
+    assert str(escalated.value["causeEventId"]) == rejected.id
+    assert "withdrew proposal" in escalated.value["reason"]
+    assert not of_type(rows, RecoveryApproved.TYPE) and not of_type(rows, SCALE)
+    with svc.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status, resolved_by, resolution FROM policy_proposals WHERE proposal_id = %s",
+            (value["proposalId"],),
+        ).fetchone()
+    assert row is not None and row[:2] == ("withdrawn", "policy-service") and gone in row[2]
+
+
+def test_approving_a_proposal_whose_target_left_the_estate_withdraws_it(
+    svc: ServiceContext, runtime: PolicyRuntime
+) -> None:
+    """The fresh-clone chaos failure (issue 31): a proposal left pending for a service that
+    is gone when someone approves it. Refused, withdrawn and escalated; never a command."""
+    estate = Estate(REPLICAS)
+    moving = replace(runtime, inventory=estate)
+    app = create_app("policy-service", lambda: True)
+    install_routes(app, svc, moving)
+    client = TestClient(app)
+    value = pending_proposal(svc, moving)
+    del estate.replicas["production/checkout-api"]  # the estate changes under the waiting proposal
+
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409
+    assert "withdrawn" in answer.json()["detail"]
+    assert "production/checkout-api no longer exists" in answer.json()["detail"]
+    assert_withdrawn(svc, value, "production/checkout-api")
+    listed = client.get("/approvals?status=pending", headers=auth("bob-token")).json()
+    assert value["proposalId"] not in {p["proposalId"] for p in listed}
+
+    # it stays withdrawn: a second approval, and the periodic check, change nothing
+    again = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("carol-token")
+    )
+    assert again.status_code == 409 and "withdrawn, not waiting" in again.json()["detail"]
+    approvals.withdraw_orphaned(svc, moving)
+    assert_withdrawn(svc, value, "production/checkout-api")
+
+
+def test_the_target_check_withdraws_orphaned_proposals_and_leaves_the_rest(
+    svc: ServiceContext, runtime: PolicyRuntime
+) -> None:
+    estate = Estate(REPLICAS, unknown=frozenset({"production/payments-api"}))
+    moving = replace(runtime, inventory=estate)
+    kept_name = f"kept-{uuid.uuid4().hex[:6]}"
+    estate.replicas[f"production/{kept_name}"] = 4
+    orphaned = pending_proposal(svc, moving)
+    kept = pending_proposal(svc, moving, name=kept_name)
+    unanswered = pending_proposal(svc, moving, name="payments-api")
+    # checkout-api leaves production (it is still in dev: a target is environment and name)
+    estate.replicas.pop("production/checkout-api")
+
+    withdrawn = approvals.withdraw_orphaned(svc, moving)
+    assert orphaned["proposalId"] in withdrawn
+    assert kept["proposalId"] not in withdrawn and unanswered["proposalId"] not in withdrawn
+    assert_withdrawn(svc, orphaned, "production/checkout-api")
+    assert status_of(svc, kept["proposalId"])[0] == "pending"
+    # an inventory that cannot answer is not a verdict: that proposal waits for a person
+    assert status_of(svc, unanswered["proposalId"])[0] == "pending"
+    assert approvals.withdraw_orphaned(svc, moving) == []  # once
 
 
 def test_the_expiry_sweep_emits_once_however_many_sweeps_race(svc: ServiceContext, runtime: PolicyRuntime) -> None:
