@@ -56,7 +56,8 @@ def fleet_settings(config: ChaosConfig, ledger: Path) -> dict[str, str]:
     - the sim keeps its ledger on disk (it is SIGKILLed too) and hosts the generated estate;
     - the executor retries an unreachable target for ~15 s, backing off (the sim restarts in ~2 s) and
       runs as two replicas, so a frozen one's leases pass to the other;
-    - approvals live long enough that a restarted policy service still finds them pending;
+    - approvals live long enough that a restarted policy service still finds them pending,
+      and the policy service soon withdraws one whose target is not in this estate;
     - the scripted approver is a person with the approver role.
     """
     return {
@@ -68,6 +69,7 @@ def fleet_settings(config: ChaosConfig, ledger: Path) -> dict[str, str]:
         "FLOTILLA_HEALTH_CLEAR_SCRAPES": "2",
         "FLOTILLA_HEALTH_VERIFY_SECONDS": "4",
         "FLOTILLA_APPROVAL_SWEEP_SECONDS": "1",
+        "FLOTILLA_APPROVAL_TARGET_CHECK_SECONDS": "2",
         "FLOTILLA_APPROVAL_TTL_SECONDS": "1800",
         "FLOTILLA_EXECUTOR_TARGET_ATTEMPTS": "6",
         "FLOTILLA_EXECUTOR_TARGET_BACKOFF_SECONDS": "0.5",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flotilla.settings import StackSettings
+from tests.chaos import inherited
 from tests.chaos.config import REPO_ROOT, ChaosConfig, fleet_settings
 
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
@@ -36,8 +37,24 @@ def fleetctl(action: str, env: dict[str, str], timeout: float = 600) -> None:
 
 
 @pytest.fixture(scope="session")
-def chaos_fleet(stack: StackSettings, chaos_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A fresh chaos fleet (a fresh sim ledger) on the session's stack; stopped at the end."""
+def inherited_proposal(stack: StackSettings) -> inherited.Inherited:
+    """A proposal left pending by a fleet of the default estate (tests/chaos/inherited.py),
+    made before the soak's fleet starts, so every run inherits one."""
+    env = inherited.environment()
+    subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=env)
+    fleetctl("up", env)
+    try:
+        return inherited.leave_a_proposal_pending()
+    finally:
+        subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=env)
+
+
+@pytest.fixture(scope="session")
+def chaos_fleet(
+    stack: StackSettings, chaos_env: dict[str, str], inherited_proposal: inherited.Inherited
+) -> Iterator[dict[str, str]]:
+    """A fresh chaos fleet (a fresh sim ledger) on the session's stack, started after a
+    fleet of the default estate left a proposal waiting; stopped at the end."""
     subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=chaos_env)
     for leftover in LEDGER.parent.glob(LEDGER.name + "*"):
         leftover.unlink()

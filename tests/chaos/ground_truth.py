@@ -137,12 +137,7 @@ class Check:
 
 def incidents_settled(stack: StackSettings, started: datetime) -> tuple[Check, dict[str, str]]:
     """Every incident the health agent opened in the run is settled in the audit's view."""
-    opened = [
-        r[0]
-        for r in db.rows(
-            stack.pg_dsn(HEALTH.database), "SELECT incident_id FROM health_incidents WHERE opened_at >= %s", (started,)
-        )
-    ]
+    opened = sorted(opened_since(stack, started))
     status = dict(
         db.rows(
             stack.pg_dsn(AUDIT.database),
@@ -181,9 +176,13 @@ def applied_once(counts: dict[str, dict[str, int]]) -> Check:
     return check
 
 
-def approved_applied(records: list[TopicRecord], serde: AvroSerde, counts: dict[str, dict[str, int]]) -> Check:
-    """Every command the policy service issued (on ``commands``) applied exactly once."""
-    keys = set()
+def approved_applied(
+    records: list[TopicRecord], serde: AvroSerde, counts: dict[str, dict[str, int]], incidents: set[str]
+) -> Check:
+    """Every command the policy service issued in the run (on ``commands``) is for one of
+    the run's ``incidents`` and applied exactly once. A command for an incident opened
+    before the run means state the soak inherited was acted on (issue 31)."""
+    keys, foreign = set(), set()
     for record in records:
         if record.topic != "commands" or record.value is None:
             continue
@@ -192,16 +191,29 @@ def approved_applied(records: list[TopicRecord], serde: AvroSerde, counts: dict[
         except SerdeError:
             continue  # injected poison
         if isinstance(value, dict) and value.get("idempotencyKey"):
-            keys.add(str(value["idempotencyKey"]))
+            key = str(value["idempotencyKey"])
+            (keys if value.get("incidentId") in incidents else foreign).add(key)
     check = Check("every approved command applied exactly once")
     check.counts["commands"] = len(keys)
     check.counts["applied once"] = sum(1 for k in keys if counts.get(k, {}).get("applied") == 1)
+    check.counts["commands for incidents from before the run"] = len(foreign)
     check.problems = [
         f"{k} applied {counts.get(k, {}).get('applied', 0)}×"
         for k in sorted(keys)
         if counts.get(k, {}).get("applied") != 1
     ]
+    check.problems += [f"{k}: a command for an incident the run did not open" for k in sorted(foreign)]
     return check
+
+
+def opened_since(stack: StackSettings, started: datetime) -> set[str]:
+    """The incidents the health agent opened since ``started``: the run's own."""
+    return {
+        str(r[0])
+        for r in db.rows(
+            stack.pg_dsn(HEALTH.database), "SELECT incident_id FROM health_incidents WHERE opened_at >= %s", (started,)
+        )
+    }
 
 
 def outbox_exactly_once(

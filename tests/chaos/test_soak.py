@@ -94,7 +94,7 @@ def test_chaos_soak(
     pairs = estate(config, rng)
 
     workload = Workload(config, stack, pairs, started)
-    approver = Approver(workload.tally)
+    approver = Approver(workload)
     monkey = Monkey(config.kill_every_seconds, {EXECUTOR.name: 2}, rng)
     began = time.monotonic()
     for thread in (workload, approver, monkey):
@@ -154,7 +154,7 @@ def test_chaos_soak(
         settled,
         compensated,
         truth.applied_once(counts),
-        truth.approved_applied(records, serde, counts),
+        truth.approved_applied(records, serde, counts, truth.opened_since(stack, started)),
         truth.outbox_exactly_once(stack, started, records, until=rows_until),
         truth.audit_complete(stack, records),
         truth.audit_chain(),

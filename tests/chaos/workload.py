@@ -68,6 +68,7 @@ class Tally:
     bad_deploys: int = 0
     approvals: int = 0
     approval_refusals: int = 0
+    not_ours: int = 0  # pending proposals of incidents the run did not open, left alone
     errors: list[str] = field(default_factory=list)
 
 
@@ -94,6 +95,9 @@ class Workload(threading.Thread):
         self.started = started
         self.tally = Tally()
         self.stop = threading.Event()
+        # Every incident the health agent opened since the run started (reopened ones too):
+        # the only ones the run's approver may decide on.
+        self.incidents: frozenset[str] = frozenset()
 
     def run(self) -> None:
         next_injection = time.monotonic()
@@ -121,14 +125,13 @@ class Workload(threading.Thread):
         call("POST", f"{url(SIM)}/faults", {"service": service, "kind": kind})
 
     def _reconcile(self) -> None:
-        opened = {
-            service: incident
-            for incident, service in db.rows(
-                self.stack.pg_dsn(HEALTH.database),
-                "SELECT incident_id, service FROM health_incidents WHERE opened_at >= %s ORDER BY opened_at DESC",
-                (self.started,),
-            )
-        }
+        rows = db.rows(
+            self.stack.pg_dsn(HEALTH.database),
+            "SELECT incident_id, service FROM health_incidents WHERE opened_at >= %s ORDER BY opened_at DESC",
+            (self.started,),
+        )
+        self.incidents = frozenset(str(incident) for incident, _ in rows)
+        opened = {service: incident for incident, service in rows}
         for pair in self.pairs:
             if pair.injected and pair.incident is None:
                 pair.incident = opened.get(pair.shop)
@@ -174,19 +177,30 @@ class Workload(threading.Thread):
 
 
 class Approver(threading.Thread):
-    """A person with the approver role who approves every pending proposal, exactly as
-    shown (by its digest), through the policy service's API."""
+    """A person with the approver role who approves every pending proposal of the run's
+    own incidents, exactly as shown (by its digest), through the policy service's API.
 
-    def __init__(self, tally: Tally) -> None:
+    A proposal of any other incident is left alone, as an on-call engineer leaves what
+    belongs to an incident they were not called for: the stack may carry a proposal
+    that a demo or the e2e suite left waiting (issue 31)."""
+
+    def __init__(self, workload: Workload) -> None:
         super().__init__(name="chaos-approver", daemon=True)
-        self.tally = tally
+        self.workload = workload
+        self.tally = workload.tally
         self.stop = threading.Event()
+        self._passed_over: set[str] = set()
 
     def run(self) -> None:
         while not self.stop.is_set():
             try:
                 for pending in call("GET", f"{url(POLICY)}/approvals?status=pending", token=APPROVER_TOKEN):
-                    self._approve(pending)
+                    if pending["incidentId"] in self.workload.incidents:
+                        self._approve(pending)
+                    elif pending["proposalId"] not in self._passed_over:
+                        self._passed_over.add(pending["proposalId"])
+                        self.tally.not_ours += 1
+                        log.info("left alone: proposal %s of %s", pending["proposalId"], pending["incidentId"])
             except Exception as exc:
                 self.tally.errors.append(f"approver: {type(exc).__name__}: {exc}"[:300])
             self.stop.wait(1.0)
