@@ -14,15 +14,18 @@ metrics) and the test harness's controls (faults, reset, settings) need no token
 agents read evidence, and the tests break and repair the simulated production through
 them (docs/design/fleet-contracts.md).
 
-``/metrics`` comes from prometheus_client with a registry of the app's own, filled by a
-collector that reads the model at scrape time; nothing is cached between scrapes and
-two apps in one process (as in the tests) never share series.
+``/metrics`` is the model read at scrape time, under the state's lock: the ``sim_*``
+gauges through prometheus_client (a registry per scrape, so two apps in one process, as
+in the tests, never share series), then what a real instrumented estate would publish
+(:mod:`services.sim.telemetry`), rendered directly: those histograms keep their counts
+between scrapes, and prometheus_client's per-sample path was too slow for 2,000 services.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -36,9 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from services.sim.auth import ActionToken
 from services.sim.ledger import Ledger
-from services.sim.model import ACTIONS, InvalidAction, SimModel, UnknownResource
+from services.sim.model import ACTIONS, InvalidAction, Latency, SimModel, UnknownResource
 from services.sim.settings import SimSettings
 from services.sim.state import KeyReused, SimState, StaleToken
+from services.sim.telemetry import EstateTelemetry, ServiceReading, render
 
 
 class ActionRequest(BaseModel):
@@ -69,20 +73,17 @@ class _NotTheExecutor(Exception):
 _bearer = HTTPBearer(auto_error=False)
 
 
-class _SimCollector(Collector):
-    """The model's series at scrape time: every service's, or only those of ``services``
-    (plain names, as :meth:`SimState.known` gives them)."""
+# name, environment, replicas, threshold_ms, latency: read under the lock
+_Row = tuple[str, str, int, float, Latency]
 
-    def __init__(self, state: SimState, services: list[str] | None = None) -> None:
-        self._state = state
-        self._services = services
+
+class _SimCollector(Collector):
+    """The ``sim_*`` series of rows read from the model at scrape time."""
+
+    def __init__(self, rows: list[_Row]) -> None:
+        self._rows = rows
 
     def collect(self) -> Iterable[Metric]:
-        def snapshot(model: SimModel) -> list[tuple[str, Any, Any]]:
-            names = model.names if self._services is None else self._services
-            return [(name, model.service(name), model.latency(name)) for name in names]
-
-        rows: list[tuple[str, Any, Any]] = self._state.read(snapshot)
         # Every series carries the environment too: watchers and policies scope by it.
         p95 = GaugeMetricFamily(
             "sim_latency_p95_ms", "p95 latency of the service, ms.", labels=["service", "environment"]
@@ -105,14 +106,34 @@ class _SimCollector(Collector):
             "Worker-slot demand over worker slots of the service; above 1 requests wait for the pool.",
             labels=["service"],
         )
-        for name, service, latency in rows:
-            p95.add_metric([name, service.environment], latency.p95_ms)
-            replicas.add_metric([name, service.environment], service.replicas)
-            threshold.add_metric([name, service.environment], service.threshold_ms)
+        for name, environment, running, threshold_ms, latency in self._rows:
+            p95.add_metric([name, environment], latency.p95_ms)
+            replicas.add_metric([name, environment], running)
+            threshold.add_metric([name, environment], threshold_ms)
             utilization.add_metric([name], latency.utilization)
             for dep, ms in latency.dependencies_ms.items():
                 dependency.add_metric([name, dep], ms)
         return [p95, replicas, threshold, dependency, utilization]
+
+
+def _scrape(
+    state: SimState, telemetry: EstateTelemetry, clock: Callable[[], float], services: list[str] | None
+) -> bytes:
+    """Every service's series, or only those of ``services`` (plain names, as
+    :meth:`SimState.known` gives them). The model is read, the clock read and the
+    telemetry advanced under one hold of the lock, so concurrent scrapes advance in order
+    and every series of a scrape describes the same moment; rendering happens outside."""
+
+    def snapshot(model: SimModel) -> tuple[list[_Row], list[ServiceReading]]:
+        names = model.names if services is None else services
+        rows = [(model.service(name), model.latency(name)) for name in names]
+        readings = telemetry.advance(rows, clock())
+        return [(s.name, s.environment, s.replicas, s.threshold_ms, latency) for s, latency in rows], readings
+
+    rows, readings = state.read(snapshot)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SimCollector(rows))
+    return generate_latest(registry) + render(readings).encode()
 
 
 MISSING_TOKEN = (
@@ -143,18 +164,25 @@ def build_app(settings: SimSettings) -> FastAPI:
 
 
 def create_sim_app(
-    model: SimModel | None = None, *, action_token: str, action_seconds: float = 0.2, ledger: Ledger | None = None
+    model: SimModel | None = None,
+    *,
+    action_token: str,
+    action_seconds: float = 0.2,
+    ledger: Ledger | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     """The sim over ``model`` (the default topology if None); ``/reset`` returns to it.
-    ``ledger``: where applied actions are kept (in memory if None).
+    ``ledger``: where applied actions are kept (in memory if None). ``clock``: seconds,
+    never going back; the synthesized histograms grow with it (tests step it).
 
     ``action_token`` is what the executor must present to act (ValueError if it is too
     short to be a secret): there is no sim without one, so none serves actions openly.
     """
     token = ActionToken(action_token)
     state = SimState(model or SimModel.default(), action_seconds=action_seconds, ledger=ledger)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SimCollector(state))
+    # Outlives /reset: an estate's counters do not restart because its topology was
+    # restored. An edge the reset takes away (a failover undone) pauses at the next scrape.
+    telemetry = EstateTelemetry()
 
     app = FastAPI(title="flotilla sim", docs_url=None, redoc_url=None)
     app.state.sim = state
@@ -188,11 +216,8 @@ def create_sim_app(
     def metrics(service: Annotated[list[str] | None, Query()] = None) -> Response:
         """Every series; with ``?service=a&service=b`` only those services' (an agent
         reasoning about one incident reads its neighbourhood, not the whole estate)."""
-        if service is None:
-            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-        scoped = CollectorRegistry(auto_describe=False)
-        scoped.register(_SimCollector(state, state.known(service)))
-        return Response(generate_latest(scoped), media_type=CONTENT_TYPE_LATEST)
+        names = None if service is None else state.known(service)
+        return Response(_scrape(state, telemetry, clock, names), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/services")
     def services(name: Annotated[list[str] | None, Query()] = None) -> list[dict[str, Any]]:

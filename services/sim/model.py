@@ -92,14 +92,18 @@ class Fault:
 
 @dataclass(frozen=True)
 class Latency:
-    """How one service's p95 came about (all milliseconds but utilization)."""
+    """How one service's p95 came about (milliseconds but utilization, demand and slots)."""
 
     own_ms: float
     dependencies_ms: dict[str, float]  # dependency name -> p95 of its active target
     service_time_ms: float
-    utilization: float
+    utilization: float  # demand / slots, rounded
     penalty_ms: float
     p95_ms: float
+    # Unrounded, for the sim's OpenTelemetry-style gauges (services/sim/telemetry.py),
+    # whose ratio a Prometheus query turns back into ``utilization``.
+    demand: float  # requests in flight, queued ones included: load x service time
+    slots: float  # worker slots the service has now
 
 
 def _ms(value: float) -> float:
@@ -323,7 +327,8 @@ class SimModel:
         service_time = own + sum(deps.values())
         exhausted = any(f.kind == "pool-exhausted" and f.service == name for f in faults)
         slots = service.replicas * service.pool_per_replica * (EXHAUSTED_POOL_FRACTION if exhausted else 1.0)
-        utilization = service.load_rps * service_time / 1000.0 / slots
+        demand = service.load_rps * service_time / 1000.0
+        utilization = demand / slots
         penalty = POOL_WAIT_MS * max(0.0, utilization - 1.0)
         p95 = service_time + penalty
         if any(f.kind == "dependency-slow" and f.slow_service == name for f in faults):
@@ -335,6 +340,8 @@ class SimModel:
             utilization=round(utilization, 4),
             penalty_ms=_ms(penalty),
             p95_ms=_ms(p95),
+            demand=demand,
+            slots=slots,
         )
 
     def p95(self, name: str) -> float:

@@ -75,12 +75,17 @@ def registered() -> dict[str, Metric]:
 
 @pytest.fixture(scope="module")
 def simulated() -> dict[str, Metric]:
-    """The sim's metrics, from its own /metrics (a registry of the app's own)."""
+    """The sim's own metrics (``sim_*``), from its /metrics. The estate-shaped series it
+    publishes beside them (OpenTelemetry's HTTP histograms, the service graph,
+    kube-state-metrics) are what a real estate would publish: docs/operations/estate.md
+    lists them, tests/unit/services/test_sim_telemetry.py checks them."""
     from services.sim.app import create_sim_app
 
     text = TestClient(create_sim_app(action_token="a-token-nobody-here-uses")).get("/metrics").text
     found = {}
     for family in text_string_to_metric_families(text):
+        if not family.name.startswith("sim_"):
+            continue
         labels = frozenset(k for s in family.samples for k in s.labels)
         found[family.name] = Metric(family.name, family.type, labels)
     assert found, "the sim exposes no metrics"
