@@ -15,6 +15,8 @@ from flotilla.typedrecord import Record
 
 __all__ = [
     "BY_TYPE",
+    "AlertObserved",
+    "AlertRef",
     "ApprovalExpired",
     "Attestation",
     "Authorization",
@@ -45,6 +47,7 @@ __all__ = [
     "RestartService",
     "RollbackDeployment",
     "ScaleService",
+    "ServiceDegraded",
     "ServiceLatencyIncreased",
     "TokenUsage",
 ]
@@ -188,6 +191,45 @@ class ScaleService(Record):
     issued_at: datetime
     expires_at: datetime
     authorization: Authorization | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AlertRef(Record):
+    """One Alertmanager alert as the health agent received it (webhook payload version 4): enough to find it
+    again and to say what it was about.
+
+    schemas/_types/dev.flotilla.incidents.AlertRef.avsc
+    """
+
+    TYPE: ClassVar[str] = "dev.flotilla.incidents.AlertRef"
+    alert_name: str
+    fingerprint: str
+    status: str
+    severity: str | None = None
+    labels: dict[str, str]
+    summary: str | None = None
+    starts_at: datetime
+    ends_at: datetime | None = None
+    generator_url: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AlertObserved(Record):
+    """Fact: an Alertmanager alert about an incident's service joined the open incident (firing) or resolved.
+    Workflow-neutral: it moves no state; a resolved alert is evidence for the recovery's verification.
+
+    schemas/incidents/AlertObserved.avsc
+    """
+
+    TYPE: ClassVar[str] = "dev.flotilla.incidents.AlertObserved"
+    TOPIC: ClassVar[str] = "incidents"
+    event_id: str = ""
+    incident_id: str
+    service: str
+    environment: str
+    signal: str
+    alert: AlertRef
+    observed_at: datetime
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -407,6 +449,7 @@ class DependencyFailureSuspected(Record):
     event_id: str = ""
     incident_id: str
     service: str
+    environment: str | None = None
     suspected_dependency: str
     failure_mode: str
     job_id: str | None = None
@@ -427,6 +470,7 @@ class DiagnosisConcluded(Record):
     event_id: str = ""
     incident_id: str
     service: str
+    environment: str | None = None
     cause_category: str
     summary: str
     job_id: str | None = None
@@ -449,6 +493,8 @@ class DiagnosisRequested(Record):
     service: str
     environment: str
     symptom: str
+    signal: str = "latency"
+    alert: AlertRef | None = None
     trigger_event_id: str
     requested_at: datetime
 
@@ -683,6 +729,27 @@ class RecoveryRejected(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ServiceDegraded(Record):
+    """Fact: an Alertmanager alert about a service the estate knows opened an incident. The health agent
+    records what the alert says; it has not measured it (a measured latency breach is
+    ServiceLatencyIncreased).
+
+    schemas/incidents/ServiceDegraded.avsc
+    """
+
+    TYPE: ClassVar[str] = "dev.flotilla.incidents.ServiceDegraded"
+    TOPIC: ClassVar[str] = "incidents"
+    event_id: str = ""
+    incident_id: str
+    service: str
+    environment: str
+    signal: str
+    summary: str
+    alert: AlertRef
+    observed_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ServiceLatencyIncreased(Record):
     """Fact: the health agent saw a watched service's p95 latency stay above its threshold long enough to open
     an incident.
@@ -709,6 +776,7 @@ BY_TYPE: dict[str, type[Record]] = {
     RestartService.TYPE: RestartService,
     RollbackDeployment.TYPE: RollbackDeployment,
     ScaleService.TYPE: ScaleService,
+    AlertObserved.TYPE: AlertObserved,
     ApprovalExpired.TYPE: ApprovalExpired,
     BudgetExceeded.TYPE: BudgetExceeded,
     CommandDenied.TYPE: CommandDenied,
@@ -729,5 +797,6 @@ BY_TYPE: dict[str, type[Record]] = {
     RecoveryFailed.TYPE: RecoveryFailed,
     RecoveryProposed.TYPE: RecoveryProposed,
     RecoveryRejected.TYPE: RecoveryRejected,
+    ServiceDegraded.TYPE: ServiceDegraded,
     ServiceLatencyIncreased.TYPE: ServiceLatencyIncreased,
 }

@@ -50,6 +50,8 @@ EXECUTABLE = frozenset({S.PROPOSED, S.AWAITING_APPROVAL, S.AUTHORIZED, S.EXECUTE
 # record type -> (states that accept it, state it leads to; None = stays where it is)
 TRANSITIONS: dict[str, tuple[frozenset[Status], Status | None]] = {
     r.ServiceLatencyIncreased.TYPE: (frozenset({S.NEW}), S.DETECTED),
+    # An incident opened by an Alertmanager alert rather than by the agent's own reading.
+    r.ServiceDegraded.TYPE: (frozenset({S.NEW}), S.DETECTED),
     r.DiagnosisRequested.TYPE: (frozenset({S.DETECTED}), S.DIAGNOSING),
     r.DiagnosticJobStarted.TYPE: (frozenset({S.DIAGNOSING}), None),
     r.DependencyFailureSuspected.TYPE: (frozenset({S.DIAGNOSING}), S.DIAGNOSED),
@@ -76,6 +78,8 @@ TRANSITIONS: dict[str, tuple[frozenset[Status], Status | None]] = {
     r.IncidentEscalated.TYPE: (OPEN, S.ESCALATED),
     r.BudgetExceeded.TYPE: (OPEN, None),
     r.LoopTerminated.TYPE: (frozenset(Status) - {S.NEW}, None),
+    # An alert joining the open incident, or resolving: a note on it, whatever its state.
+    r.AlertObserved.TYPE: (frozenset(Status) - {S.NEW}, None),
 }
 
 

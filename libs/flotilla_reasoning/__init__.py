@@ -22,7 +22,6 @@ from flotilla_reasoning.model import (
 )
 from flotilla_reasoning.rules import RulesConfig, RulesReasoner
 from flotilla_reasoning.settings import AgentSettings
-from flotilla_reasoning.sim import SimClient, SimUnavailable
 
 
 def make_reasoner(settings: AgentSettings) -> Reasoner:
@@ -47,8 +46,6 @@ __all__ = [
     "RulesConfig",
     "RulesReasoner",
     "ServiceView",
-    "SimClient",
-    "SimUnavailable",
     "TokenUsage",
     "Topology",
     "Verdict",

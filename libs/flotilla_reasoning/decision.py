@@ -260,6 +260,7 @@ def diagnosis_from_answer(
         verdict=verdict,
         incident_id=value["incidentId"],
         service=value["service"],
+        environment=evidence.environment,
         reasoning=Reasoning(
             value["summary"], _evidence(value["evidence"]), float(value["confidence"]), reasoner, model, usage
         ),

@@ -11,10 +11,26 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from flotilla_evidence.model import ServiceView, Topology
+
 from flotilla import records
+
+__all__ = [
+    "CAUSE_CATEGORIES",
+    "Action",
+    "Diagnosis",
+    "DiagnosticEvidence",
+    "EvidenceItem",
+    "PlannedStep",
+    "Proposal",
+    "Reasoning",
+    "ServiceView",
+    "TokenUsage",
+    "Topology",
+    "Verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -89,80 +105,8 @@ class Reasoning:
 
 
 # ----------------------------------------------------------------- the world
-
-
-@dataclass(frozen=True)
-class ServiceView:
-    """One service of the (simulated) production as ``GET /services`` describes it."""
-
-    name: str
-    environment: str
-    replicas: int
-    p95_ms: float
-    threshold_ms: float
-    dependencies: tuple[str, ...] = ()
-    revision: str | None = None
-    previous_revision: str | None = None
-    failover_targets: Mapping[str, str] = field(default_factory=dict)
-    active_dependencies: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def degraded(self) -> bool:
-        return self.p95_ms > self.threshold_ms
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "environment": self.environment,
-            "replicas": self.replicas,
-            "p95Ms": self.p95_ms,
-            "thresholdMs": self.threshold_ms,
-            "dependencies": list(self.dependencies),
-            "revision": self.revision,
-            "previousRevision": self.previous_revision,
-            "failoverTargets": dict(self.failover_targets),
-            "activeDependencies": dict(self.active_dependencies),
-        }
-
-
-@dataclass(frozen=True)
-class Topology:
-    """A snapshot of the services, their dependencies and their latencies.
-
-    ``dependency_p95`` is the p95 a caller observes on calls to one dependency, keyed
-    ``(service, dependency)`` (``sim_dependency_latency_p95_ms``); ``baselines`` the same
-    p95 as the agent learned it while the caller was healthy (its "normal");
-    ``utilization`` a service's worker-slot demand over its slots (above 1 requests wait
-    for the pool), where the source reports it; ``healthy_revisions`` the revision each
-    service last ran while healthy, as the agent saw it.
-    """
-
-    services: Mapping[str, ServiceView]
-    dependency_p95: Mapping[tuple[str, str], float] = field(default_factory=dict)
-    utilization: Mapping[str, float] = field(default_factory=dict)
-    baselines: Mapping[tuple[str, str], float] = field(default_factory=dict)
-    healthy_revisions: Mapping[str, str] = field(default_factory=dict)  # last revision seen healthy
-    observed_at: datetime | None = None
-    source: str = "sim"
-
-    def observed_dependency_p95(self, service: str, dependency: str) -> float | None:
-        """What ``service`` sees when it calls ``dependency``; else the dependency's own p95."""
-        seen = self.dependency_p95.get((service, dependency))
-        if seen is not None:
-            return seen
-        own = self.services.get(dependency)
-        return own.p95_ms if own is not None else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "services": [s.to_json() for s in self.services.values()],
-            "dependencyLatencyP95Ms": [
-                {"service": s, "dependency": d, "p95Ms": v, "baselineP95Ms": self.baselines.get((s, d))}
-                for (s, d), v in sorted(self.dependency_p95.items())
-            ],
-            "poolUtilization": dict(sorted(self.utilization.items())),
-            "lastHealthyRevisions": dict(sorted(self.healthy_revisions.items())),
-        }
+# What is known about the estate is the evidence source's (flotilla_evidence), whatever
+# the source: the reasoners read it and never learn where it came from.
 
 
 # ------------------------------------------------------------- what goes in
@@ -208,6 +152,7 @@ class Diagnosis:
     cause_category: str | None = None
     job_kind: str | None = None  # NEEDS_EVIDENCE: which slow job to run
     event_id: str | None = None  # the record's eventId, once it is one
+    environment: str | None = None  # the service's (None from a record older than the field)
 
 
 class Action(enum.StrEnum):

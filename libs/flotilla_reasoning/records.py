@@ -27,6 +27,7 @@ def diagnosis_record(diagnosis: Diagnosis, *, job_id: str | None, now: datetime)
         return DependencyFailureSuspected(
             incident_id=incident,
             service=service,
+            environment=diagnosis.environment,
             job_id=job_id,
             reasoning=reasoning,
             concluded_at=now,
@@ -38,6 +39,7 @@ def diagnosis_record(diagnosis: Diagnosis, *, job_id: str | None, now: datetime)
         return DiagnosisConcluded(
             incident_id=incident,
             service=service,
+            environment=diagnosis.environment,
             job_id=job_id,
             reasoning=reasoning,
             concluded_at=now,
@@ -52,6 +54,7 @@ def diagnosis_from_record(record: DiagnosisRecord) -> Diagnosis:
     common: dict[str, Any] = {
         "incident_id": record.incident_id,
         "service": record.service,
+        "environment": record.environment,
         "reasoning": Reasoning.from_record(record.reasoning),
         "event_id": record.event_id,
     }

@@ -124,11 +124,14 @@ def _service_evidence(topology: Topology, service: ServiceView) -> list[Evidence
             source=f"{topology.source}: p95 of {service.name}",
             description=(
                 f"{service.name} p95 is {service.p95_ms:.0f} ms against its {service.threshold_ms:.0f} ms "
-                f"threshold ({service.p95_ms / service.threshold_ms:.1f}x) with {service.replicas} replicas"
+                f"threshold ({service.p95_ms / service.threshold_ms:.1f}x) with {_count(service.replicas)} replicas"
             ),
             observed_value=f"{service.p95_ms:.0f} ms",
         )
     ]
+    change = _history_evidence(topology, service)
+    if change is not None:
+        found.append(change)
     utilization = topology.utilization.get(service.name)
     if utilization is not None:
         found.append(
@@ -143,6 +146,31 @@ def _service_evidence(topology: Topology, service: ServiceView) -> list[Evidence
             )
         )
     return found
+
+
+def _count(replicas: int | None) -> str:
+    return "an unknown number of" if replicas is None else str(replicas)
+
+
+def _history_evidence(topology: Topology, service: ServiceView) -> EvidenceItem | None:
+    """Before and after, from the source's history: when the p95 first crossed the
+    threshold in the look-back, and what it was before (a range query's answer)."""
+    series = topology.history.get(service.name) or ()
+    crossed = next((i for i, (_, v) in enumerate(series) if v > service.threshold_ms), None)
+    if not series or crossed is None:
+        return None
+    at = series[crossed][0]
+    before = [v for _, v in series[:crossed]]
+    was = f"{max(before):.0f} ms at most before" if before else "over it since the look-back began"
+    return EvidenceItem(
+        kind="metric-history",
+        source=f"{topology.source}: p95 of {service.name} over time",
+        description=(
+            f"{service.name} p95 crossed its {service.threshold_ms:.0f} ms threshold at {at.strftime('%H:%M:%S')} "
+            f"UTC ({was}); {series[-1][1]:.0f} ms now"
+        ),
+        observed_value=f"{series[-1][1]:.0f} ms",
+    )
 
 
 def _clamp(confidence: float) -> float:
@@ -163,7 +191,11 @@ class RulesReasoner:
         topology = evidence.topology
         service = topology.services.get(evidence.service)
         if service is None:
-            raise ReasoningFailed(f"{evidence.service} is not in the topology the sim reports", reasoner=NAME)
+            raise ReasoningFailed(
+                f"{evidence.service} is not in the topology {evidence.topology.source} reports "
+                "(no p95 or no latency threshold for it)",
+                reasoner=NAME,
+            )
         seen = _service_evidence(topology, service)
         if evidence.job_id is not None:
             seen.append(
@@ -266,7 +298,7 @@ class RulesReasoner:
             category, confidence = "capacity", 0.8 * (1.0 - 1.0 / ratio)
             summary = (
                 f"No dependency explains {service.name}'s {service.p95_ms:.0f} ms p95 ({ratio:.1f}x its threshold) "
-                f"and its revision is unchanged: its {service.replicas} replicas are short of capacity."
+                f"and its revision is unchanged: its {_count(service.replicas)} replicas are short of capacity."
             )
         return self._diagnosis(evidence, Verdict.CONCLUDED, summary, seen, confidence, cause_category=category)
 
@@ -287,6 +319,7 @@ class RulesReasoner:
             verdict=verdict,
             incident_id=evidence.incident_id,
             service=evidence.service,
+            environment=evidence.environment,
             reasoning=Reasoning(summary, tuple(seen), _clamp(confidence), NAME),
             suspected_dependency=suspected_dependency,
             failure_mode=failure_mode,
@@ -303,7 +336,11 @@ class RulesReasoner:
             raise ValueError("a request for more evidence is not a diagnosis to plan for")
         service = topology.services.get(diagnosis.service)
         if service is None:
-            raise ReasoningFailed(f"{diagnosis.service} is not in the topology the sim reports", reasoner=NAME)
+            raise ReasoningFailed(
+                f"{diagnosis.service} is not in the topology {topology.source} reports "
+                "(no p95 or no latency threshold for it)",
+                reasoner=NAME,
+            )
         seen = _service_evidence(topology, service)
         factor = 1.0
         if diagnosis.verdict is Verdict.DEPENDENCY_FAILURE and diagnosis.suspected_dependency:
@@ -364,6 +401,11 @@ class RulesReasoner:
     def _scale(
         self, service: ServiceView, topology: Topology, seen: list[EvidenceItem]
     ) -> tuple[PlannedStep, float, str]:
+        if service.replicas is None:
+            raise ReasoningFailed(
+                f"the evidence has no replica count for {service.key}, so no scale-out can be sized: a person decides",
+                reasoner=NAME,
+            )
         if service.replicas >= self.config.max_replicas:
             raise ReasoningFailed(
                 f"{service.name} already runs {service.replicas} replicas, the most this agent proposes "

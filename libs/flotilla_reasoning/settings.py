@@ -1,4 +1,5 @@
-"""Settings every agent that reasons shares: which reasoner, the model server, the sim.
+"""Settings every agent that reasons shares: which reasoner, the model server, and
+(through :class:`~flotilla_evidence.settings.EvidenceSettings`) where the evidence comes from.
 
 All come from ``FLOTILLA_*`` variables (or the stack env file), like the stack's own.
 """
@@ -7,24 +8,19 @@ from __future__ import annotations
 
 from typing import Literal
 
+from flotilla_evidence.settings import EvidenceSettings
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
-
-from flotilla import ServiceSettings
 
 Strategy = Literal["scale", "failover", "failover-then-scale"]
 
 
-class AgentSettings(ServiceSettings):
+class AgentSettings(EvidenceSettings):
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
 
     # Who this instance is in records that name their author (startedBy); the service
     # name when unset.
     instance_id: str | None = None
-
-    # Where the evidence comes from (the sim in the demo and the tests).
-    sim_url: str = "http://127.0.0.1:18110"
-    sim_timeout_seconds: float = 5.0
 
     # FLOTILLA_REASONER: rules (deterministic, offline; the default) or llm.
     reasoner: Literal["rules", "llm"] = "rules"
@@ -40,7 +36,7 @@ class AgentSettings(ServiceSettings):
 
     # The rules reasoner's thresholds and its remediation strategy.
     rules_suspect_ratio: float = Field(2.0, gt=1.0)  # dependency p95 / its normal to suspect it
-    rules_dependency_normal_ms: float = Field(100.0, gt=0)  # normal p95 of a dependency the sim does not list
+    rules_dependency_normal_ms: float = Field(100.0, gt=0)  # normal p95 of a dependency with no threshold
     rules_target_utilization: float = Field(0.75, gt=0, le=1)  # worker-pool utilization a scale-out aims for
     remediation_strategy: Strategy = "scale"
     max_replicas: int = Field(20, ge=1)  # never propose more (policy denies more than 20)

@@ -1,7 +1,7 @@
-"""What "normal" latency is, learned from the sim while callers are healthy.
+"""What "normal" latency is, learned from the estate's evidence while callers are healthy.
 
 A dependency that answers in 280 ms is only suspect if it normally answers faster; the
-sim reports current latencies, not normal ones. So the agent samples them on a timer:
+evidence reports current latencies, not normal ones. So the agent samples them on a timer:
 for every caller under its threshold, each dependency's p95 moves an exponentially
 weighted average, and the caller's revision is remembered as one it ran healthily.
 Samples far above the current baseline (the suspect ratio or more) are not learned —

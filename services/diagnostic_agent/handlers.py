@@ -1,11 +1,12 @@
 """The diagnostic agent: DiagnosisRequested → a diagnosis, now or after a slow job.
 
-On DiagnosisRequested the agent reads the sim (services, dependencies, latencies) plus
-the baselines it learned, asks the reasoner, and emits DependencyFailureSuspected or
-DiagnosisConcluded caused by the request. It starts a slow diagnostic job instead —
-DiagnosticJobStarted now, the job in its table, the diagnosis later from a periodic task —
-when configured to (``FLOTILLA_DIAGNOSTIC_JOB_SECONDS``), when the reasoner asks for more
-evidence, or when the sim does not answer (the job retries until its deadline). A reasoner
+On DiagnosisRequested the agent reads the evidence around the service (its evidence
+source: services, dependencies, latencies, history) plus the baselines it learned, asks
+the reasoner, and emits DependencyFailureSuspected or DiagnosisConcluded caused by the
+request. It starts a slow diagnostic job instead — DiagnosticJobStarted now, the job in
+its table, the diagnosis later from a periodic task — when configured to
+(``FLOTILLA_DIAGNOSTIC_JOB_SECONDS``), when the reasoner asks for more evidence, or when
+the evidence is unavailable (the job retries until its deadline). A reasoner
 that cannot decide escalates the incident (IncidentEscalated); its answer stays in the
 ``reasoning_failures`` table and never reaches a topic.
 """
@@ -19,7 +20,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from flotilla_reasoning import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed, SimClient, SimUnavailable
+from flotilla_evidence import EvidenceSource, EvidenceUnavailable
+from flotilla_reasoning import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed
 from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.model import Verdict
 from flotilla_reasoning.records import diagnosis_record
@@ -55,12 +57,12 @@ Emit = Callable[[Record], Envelope]
 class DiagnosticAgent:
     """The agent's behaviour; the ServiceSpec wires it to the runtime."""
 
-    def __init__(self, settings: DiagnosticSettings, reasoner: Reasoner, sim: SimClient) -> None:
+    def __init__(self, settings: DiagnosticSettings, reasoner: Reasoner, evidence: EvidenceSource) -> None:
         self.settings = settings
         self.reasoner = reasoner
-        self.sim = sim
+        self.evidence = evidence
         self.started_by = settings.instance_id or settings.service_name
-        self.worker: Worker[Diagnosis | ReasoningFailed | SimUnavailable] = Worker(
+        self.worker: Worker[Diagnosis | ReasoningFailed | EvidenceUnavailable] = Worker(
             DIAGNOSE,
             gather=self.observe_and_reason,
             decide=self.decide,
@@ -86,13 +88,13 @@ class DiagnosticAgent:
 
     # ------------------------------------------- worker: no transaction open
 
-    def observe_and_reason(self, ctx: ServiceContext, work: Work) -> Diagnosis | ReasoningFailed | SimUnavailable:
-        """The slow part of a diagnosis: the sim, the baselines (one quick read) and the
-        reasoner. A sim that does not answer is returned, not raised: a job retries it."""
+    def observe_and_reason(self, ctx: ServiceContext, work: Work) -> Diagnosis | ReasoningFailed | EvidenceUnavailable:
+        """The slow part of a diagnosis: the evidence, the baselines (one quick read) and
+        the reasoner. Evidence that is unavailable is returned, not raised: a job retries it."""
         request = work.record.typed(DiagnosisRequested)
         try:
-            snapshot = self.sim.snapshot(around=request.service)
-        except SimUnavailable as exc:
+            snapshot = self.evidence.snapshot(around=request.service, environment=request.environment)
+        except EvidenceUnavailable as exc:
             return exc
         with ctx.pool.connection() as conn:
             topology = baselines.with_baselines(conn, snapshot)
@@ -103,13 +105,13 @@ class DiagnosticAgent:
 
     # ------------------------------------------ worker: one short transaction
 
-    def decide(self, finish: Finish, outcome: Diagnosis | ReasoningFailed | SimUnavailable) -> str:
+    def decide(self, finish: Finish, outcome: Diagnosis | ReasoningFailed | EvidenceUnavailable) -> str:
         request = finish.incoming.typed(DiagnosisRequested)
         if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
             log.info("%s: no diagnosis, the incident is %s now", request.incident_id, finish.state.status)
             return "abandoned"
         now = finish.now
-        if isinstance(outcome, SimUnavailable):
+        if isinstance(outcome, EvidenceUnavailable):
             log.warning("%s: no evidence yet (%s); retrying in a job", request.incident_id, outcome)
             return self._start_job(finish, request, PROBE_JOB, self.settings.diagnostic_job_retry_seconds, now)
         finish.spend_tokens(
@@ -126,7 +128,7 @@ class DiagnosticAgent:
         return self._emit_diagnosis(finish.conn, emit, outcome, None, now).type
 
     def give_up(self, finish: Finish, error: str) -> str:
-        """The reasoner kept failing (not the sim: that becomes a job) until the deadline."""
+        """The reasoner kept failing (not the evidence: that becomes a job) until the deadline."""
         incident = finish.work.incident_id
         if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
             return "abandoned"
@@ -183,7 +185,7 @@ class DiagnosticAgent:
 
         Three steps, like ``flotilla.deferred``: lease the job (a short transaction that
         moves its due time past the lease, so no other instance takes it meanwhile); read
-        the sim and ask the reasoner with no transaction open; then, in one short
+        the evidence and ask the reasoner with no transaction open; then, in one short
         transaction, take the job for good (``running`` → ``done``, which only one
         instance can do) and emit its result. A crash in between leaves the job running:
         it is due again when the lease runs out."""
@@ -203,12 +205,12 @@ class DiagnosticAgent:
                 self._lease_keeper(ctx, job.job_id, now + lease), lease.total_seconds() / 3, "diagnostic job"
             ):
                 outcome: Diagnosis | ReasoningFailed = self._reason(self._evidence_for(ctx, job))
-        except Exception as exc:  # the sim did not answer, or anything else went wrong
+        except Exception as exc:  # the evidence was unavailable, or anything else went wrong
             error = f"{exc.__class__.__name__}: {exc}"
             log.warning("diagnostic job %s could not finish: %s", job.job_id, error)
             if now < job.deadline:
                 return self._postpone(ctx, job, now, error)
-            what = "no evidence" if isinstance(exc, SimUnavailable) else "no diagnosis"
+            what = "no evidence" if isinstance(exc, EvidenceUnavailable) else "no diagnosis"
             outcome = ReasoningFailed(f"{what} before the job's deadline ({error[:200]})", reasoner=self.reasoner.name)
         if not isinstance(outcome, ReasoningFailed) and outcome.verdict is Verdict.NEEDS_EVIDENCE:
             usage = outcome.reasoning.usage
@@ -219,7 +221,7 @@ class DiagnosticAgent:
 
     def _lease_keeper(self, ctx: ServiceContext, job_id: str, held_until: datetime) -> Callable[[], bool]:
         """A heartbeat's renew for one leased job: the lease moves on from the real clock
-        (never back), so a slow sim or model keeps the job and a killed worker does not."""
+        (never back), so a slow evidence source or model keeps the job and a killed worker does not."""
         lease = timedelta(seconds=self.settings.diagnose_lease_seconds)
         held = [held_until]
 
@@ -234,9 +236,8 @@ class DiagnosticAgent:
         return renew
 
     def _evidence_for(self, ctx: ServiceContext, job: jobs.Job) -> DiagnosticEvidence:
-        snapshot = self.sim.snapshot(
-            around=job.service
-        )  # SimUnavailable: the job is postponed, or gives up at its deadline
+        # EvidenceUnavailable: the job is postponed, or gives up at its deadline
+        snapshot = self.evidence.snapshot(around=job.service, environment=job.environment)
         with ctx.pool.connection() as conn:
             topology = baselines.with_baselines(conn, snapshot)
         return DiagnosticEvidence(
@@ -293,10 +294,10 @@ class DiagnosticAgent:
     # ------------------------------------------------- periodic: baselines
 
     def learn_baselines(self, ctx: ServiceContext) -> int:
-        """Sample the sim into the baselines; a sim that does not answer is skipped."""
+        """Sample the estate into the baselines; evidence that is unavailable is skipped."""
         try:
-            topology = self.sim.snapshot()
-        except SimUnavailable as exc:
+            topology = self.evidence.snapshot()
+        except EvidenceUnavailable as exc:
             log.debug("no baseline sample: %s", exc)
             return 0
         with ctx.pool.connection() as conn, conn.transaction():

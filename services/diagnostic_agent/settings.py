@@ -28,7 +28,7 @@ class DiagnosticSettings(AgentSettings):
     diagnostic_job_retry_seconds: float = Field(5.0, gt=0)  # a job that could not finish tries again after
     # Diagnoses run outside the consumer's transaction (flotilla.deferred) on this many
     # threads, each owning its request (and a job its evidence) this long past its last
-    # heartbeat: renewed every third of it while the sim or model answers, however slowly.
+    # heartbeat: renewed every third of it while the evidence or model answers, however slowly.
     diagnose_workers: int = Field(4, ge=1, le=32)
     diagnose_lease_seconds: float = Field(30.0, gt=0)
     # How often healthy latencies are sampled into baselines ("normal"); 0 turns it off.

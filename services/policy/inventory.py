@@ -2,9 +2,10 @@
 
 The 2x rule compares a scale command's target with what runs now. The proposal cannot
 be trusted for that number (a model could understate it to slip under the limit), so
-the policy service asks the platform itself: the sim's API locally, a static table in
-tests. An unknown count never guesses: the guard ``unknown-capacity-needs-human`` then
-asks a person.
+the policy service asks the platform itself: the sim's API locally (the sim is the
+executor's target there: its own word on its replicas), the estate's Prometheus
+(kube-state-metrics) and catalogue in production, a static table in tests. An unknown
+count never guesses: the guard ``unknown-capacity-needs-human`` then asks a person.
 
 Whether a target exists matters for what waits for a person: a proposal whose target
 has left the estate (a service removed, renamed, moved to another environment) can only
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import httpx
+from flotilla_evidence import EvidenceUnavailable, PrometheusEvidence
 
 from services.policy.decide import Target
 
@@ -94,6 +96,29 @@ class SimInventory:
 
     def exists(self, target: Target) -> bool | None:
         return self._describe(target)[0]
+
+
+class EstateInventory:
+    """The estate's evidence: replicas from Prometheus (``kube_deployment_spec_replicas``,
+    or the estate's own query), existence from its catalogue only. Telemetry that stops is
+    not proof that a service is gone (a scrape target down looks the same), so without a
+    catalogue whether a target exists stays unknown."""
+
+    def __init__(self, evidence: PrometheusEvidence) -> None:
+        self._evidence = evidence
+
+    def current_replicas(self, target: Target) -> int | None:
+        try:
+            return self._evidence.replicas(target.environment, target.name)
+        except EvidenceUnavailable as exc:
+            log.warning("inventory: no replica count for %s: %s", target.key, exc)
+            return None
+
+    def exists(self, target: Target) -> bool | None:
+        catalogue = self._evidence.catalogue
+        if not len(catalogue):
+            return None
+        return catalogue.get(target.environment, target.name) is not None
 
 
 def missing(inventory: Inventory, targets: tuple[Target, ...]) -> list[Target]:

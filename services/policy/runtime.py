@@ -8,7 +8,7 @@ from flotilla.authority import Signer
 from flotilla.keys import Keyring
 from services.policy.auth import TokenStore
 from services.policy.decide import PolicyEngine
-from services.policy.inventory import Inventory, NoInventory, SimInventory
+from services.policy.inventory import EstateInventory, Inventory, NoInventory, SimInventory
 from services.policy.settings import PolicySettings
 
 
@@ -29,11 +29,11 @@ class PolicyRuntime:
     @classmethod
     def from_settings(cls, settings: PolicySettings) -> PolicyRuntime:
         engine = PolicyEngine.from_directory(settings.policy_dir)
-        inventory: Inventory = (
-            SimInventory(settings.sim_url, settings.inventory_timeout_seconds)
-            if settings.policy_inventory == "sim"
-            else NoInventory()
-        )
+        inventory: Inventory = NoInventory()
+        if settings.policy_inventory == "sim":
+            inventory = SimInventory(settings.sim_url, settings.inventory_timeout_seconds)
+        elif settings.policy_inventory == "prometheus":
+            inventory = EstateInventory(settings.evidence())
         tokens, demo = settings.token_store()
         return cls(
             engine=engine,

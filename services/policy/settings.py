@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from flotilla_evidence import EvidenceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from flotilla import ServiceSettings
 from flotilla.authority import Signer, required_keyring, required_signer
 from flotilla.fleet import POLICY, SIM, url
 from flotilla.keys import Keyring
 from services.policy.auth import DEMO_USERS, TokenStore, UsersConfigError
 
 
-class PolicySettings(ServiceSettings):
+class PolicySettings(EvidenceSettings):
     """``FLOTILLA_POLICY_*`` / ``FLOTILLA_APPROVAL_*`` on top of the service settings."""
 
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
@@ -33,9 +33,10 @@ class PolicySettings(ServiceSettings):
     # users in the demo profile (FLOTILLA_PROFILE=demo), a refusal to start otherwise.
     policy_users: str | None = None
     policy_users_file: Path | None = None
-    # Where current replica counts come from (the 2x rule): the sim's API, or nowhere
-    # (then every production scale needs a person).
-    policy_inventory: Literal["sim", "none"] = "sim"
+    # Where current replica counts come from (the 2x rule): the sim's API (the local
+    # target), the estate's Prometheus and catalogue (FLOTILLA_PROMETHEUS_URL,
+    # FLOTILLA_ESTATE_CATALOGUE_FILE), or nowhere (then every production scale needs a person).
+    policy_inventory: Literal["sim", "prometheus", "none"] = "sim"
     sim_url: str = url(SIM)
     inventory_timeout_seconds: float = 1.0
 

@@ -2,15 +2,16 @@
 
 On DependencyFailureSuspected or DiagnosisConcluded the handler only *defers* the
 diagnosis (``flotilla.deferred``): one row, committed with the record's claim, so the
-partition moves on at once. A worker thread then reads the topology from the sim and asks
-the reasoner for a plan with no transaction open — a model that takes a minute holds no
+partition moves on at once. A worker thread then reads the topology from the evidence
+source and asks the reasoner for a plan with no transaction open — a model that takes a minute holds no
 lock and delays no other incident — and, in one short transaction, turns the plan's steps
 into exact command records with idempotency keys and expiry, digests and signs them,
 stores the proposal and emits RecoveryProposed, caused by the diagnosis. Nothing here
 authorizes anything: the policy service decides.
 
-A reasoner that cannot plan escalates the incident; a sim or model server that does not
-answer is asked again until the work's deadline, then the incident is escalated.
+A reasoner that cannot plan escalates the incident; evidence that is unavailable, or a
+model server that does not answer, is asked again until the work's deadline, then the
+incident is escalated.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from flotilla_reasoning import Proposal, Reasoner, ReasoningFailed, SimClient
+from flotilla_evidence import EvidenceSource
+from flotilla_reasoning import Proposal, Reasoner, ReasoningFailed
 from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.records import DIAGNOSES, read_diagnosis
 
@@ -40,10 +42,12 @@ PROPOSE = "propose"  # the kind of deferred work: a diagnosis waiting for a plan
 class RemediationAgent:
     """The agent's behaviour; the ServiceSpec wires it to the runtime."""
 
-    def __init__(self, settings: RemediationSettings, reasoner: Reasoner, sim: SimClient, signer: Signer) -> None:
+    def __init__(
+        self, settings: RemediationSettings, reasoner: Reasoner, evidence: EvidenceSource, signer: Signer
+    ) -> None:
         self.settings = settings
         self.reasoner = reasoner
-        self.sim = sim
+        self.evidence = evidence
         self.signer = signer  # attests every proposal: the policy service believes nothing else
         self.proposed_by = settings.instance_id or settings.service_name
         self.worker: Worker[Proposal | ReasoningFailed] = Worker(
@@ -68,10 +72,11 @@ class RemediationAgent:
     # ------------------------------------------- worker: no transaction open
 
     def plan(self, ctx: ServiceContext, work: Work) -> Proposal | ReasoningFailed:
-        """The slow part: the sim's topology and the reasoner's plan (SimUnavailable, or
-        a model server that does not answer, raise: the worker tries again later)."""
+        """The slow part: the topology around the service and the reasoner's plan
+        (EvidenceUnavailable, or a model server that does not answer, raise: the worker
+        tries again later)."""
         diagnosis = read_diagnosis(work.record.record_type, work.record.value)
-        topology = self.sim.snapshot(around=diagnosis.service)
+        topology = self.evidence.snapshot(around=diagnosis.service, environment=diagnosis.environment)
         try:
             return self.reasoner.propose(diagnosis, topology)
         except ReasoningFailed as failure:
@@ -105,7 +110,7 @@ class RemediationAgent:
         return RecoveryProposed.TYPE
 
     def give_up(self, finish: Finish, error: str) -> str:
-        """Still no plan at the work's deadline (the sim or the model server kept failing)."""
+        """Still no plan at the work's deadline (the evidence or the model server kept failing)."""
         if not accepts(finish.state, IncidentEscalated.TYPE):
             return "abandoned"
         failure = ReasoningFailed(f"no plan before the deadline ({error[:200]})", reasoner=self.reasoner.name)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla_reasoning import Reasoner, SimClient, failures, make_reasoner
+from flotilla_evidence import EvidenceSource
+from flotilla_reasoning import Reasoner, failures, make_reasoner
 
 from flotilla import DEFERRED_WORK_MIGRATION, ServiceSpec, fleet
 from services.remediation_agent.handlers import RemediationAgent
@@ -17,14 +18,14 @@ def build_agent(
     settings: RemediationSettings | None = None,
     *,
     reasoner: Reasoner | None = None,
-    sim: SimClient | None = None,
+    evidence: EvidenceSource | None = None,
 ) -> tuple[ServiceSpec, RemediationAgent]:
-    """The spec and the agent behind it (tests inject a reasoner or a sim client)."""
+    """The spec and the agent behind it (tests inject a reasoner or an evidence source)."""
     settings = settings or RemediationSettings.load()
     agent = RemediationAgent(
         settings,
         reasoner or make_reasoner(settings),
-        sim or SimClient(settings.sim_url, timeout=settings.sim_timeout_seconds),
+        evidence or settings.evidence(),
         settings.proposal_signer(),
     )
     spec = ServiceSpec(

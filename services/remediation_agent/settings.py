@@ -31,7 +31,7 @@ class RemediationSettings(AgentSettings):
     # it while the reasoner runs, however slow): a killed worker's plan is taken up again
     # after at most this long.
     propose_lease_seconds: float = Field(30.0, gt=0)
-    propose_retry_seconds: float = Field(2.0, gt=0)  # after a sim or model server that did not answer
+    propose_retry_seconds: float = Field(2.0, gt=0)  # after evidence or a model server that did not answer
     # Still no plan this long after the diagnosis: escalate to a person.
     propose_deadline_seconds: float = Field(600.0, gt=0)
 

@@ -38,6 +38,8 @@ TOPIC_OF_KIND = {FACTS: "incidents", DECISIONS: "incidents", COMMANDS: "commands
 CATALOGUE = {
     FACTS: [
         "ServiceLatencyIncreased",
+        "ServiceDegraded",
+        "AlertObserved",
         "DiagnosisRequested",
         "DiagnosticJobStarted",
         "HumanApprovalRequired",
@@ -67,6 +69,7 @@ SHARED_TYPES = [
     "dev.flotilla.commands.ResourceRef",
     "dev.flotilla.commands.Authorization",
     "dev.flotilla.decisions.Attestation",
+    "dev.flotilla.incidents.AlertRef",
 ]
 COMMAND_NAMES = [f"{COMMANDS}.{n}" for n in CATALOGUE[COMMANDS]]
 

@@ -1,4 +1,6 @@
-"""The diagnostic and remediation agents on the real stack, against a fake sim and a fake
+"""The diagnostic and remediation agents on the real stack, against a scripted estate (an
+evidence source whose topology the test sets; the Prometheus source itself is tested
+against a real Prometheus in tests/integration/test_prometheus_evidence.py) and a fake
 model server: each agent's handlers run through ``flotilla.runner.prepare`` +
 ``build_loop`` on a fresh topic, and the outbox shows what they decided."""
 
@@ -13,13 +15,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, PlainTextResponse
+from flotilla_evidence import StaticEvidence
 from flotilla_ops.samples import latency_fact
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, LLMReasoner, Reasoner, RulesReasoner, Topology
 from flotilla_reasoning.model import ServiceView
 from flotilla_reasoning.records import diagnosis_record
-from flotilla_reasoning.sim import parse_metrics, parse_services
 
 from flotilla import deferred
 from flotilla.authority import verify_proposal
@@ -38,11 +38,11 @@ from flotilla.runner import ServiceContext, build_loop, prepare, start_periodic
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from services.diagnostic_agent import DiagnosticAgent, DiagnosticSettings, baselines
-from services.diagnostic_agent import build_agent as diagnostic_spec
-from services.remediation_agent import RemediationSettings
-from services.remediation_agent import build_agent as remediation_spec
+from services.diagnostic_agent import build_agent as build_diagnostic
+from services.remediation_agent import RemediationAgent, RemediationSettings
+from services.remediation_agent import build_agent as build_remediation
 from services.remediation_agent.plan import digest_matches
-from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, ThreadedServer, diagnosis_answer, hallucinated
+from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, diagnosis_answer, hallucinated
 from tests.integration.kafka_wait import fresh_topic
 from tests.signing import AGENT_KEY, AGENT_SIGNER, write_key
 from tests.support.producing import ordered_producer
@@ -54,92 +54,71 @@ DIAGNOSTIC_DB = f"flotilla_it_diag_{SUFFIX}"
 REMEDIATION_DB = f"flotilla_it_rem_{SUFFIX}"
 
 
-# ------------------------------------------------------------------ fake sim
+# ------------------------------------------------------------ scripted estate
 
 
-class FakeSim:
-    """The sim's read API (GET /services, GET /metrics) with the demo's numbers.
+class ScriptedEstate:
+    """The demo's estate as an evidence source, with the numbers the sim's model computes.
 
     ``faulty``: payments-api answers 8x slower (280 ms instead of 35 ms) and checkout-api's
-    pool waits (utilization 2.125, p95 1,831 ms against 500 ms), as the real sim's model
-    computes it. ``available`` False answers 503; ``delay`` slows every answer.
+    pool waits (utilization 2.125, p95 1,831 ms against 500 ms). ``available`` False: every
+    snapshot raises EvidenceUnavailable (Prometheus down); ``delay`` slows every answer.
     """
+
+    name = "scripted"
 
     def __init__(self) -> None:
         self.faulty = False
         self.available = True
         self.delay = 0.0
 
-    def services(self) -> list[dict[str, Any]]:
+    def topology(self) -> Topology:
         payments = 280.0 if self.faulty else 35.0
-        return [
-            {
-                "name": "checkout-api",
-                "environment": "production",
-                "replicas": 4,
-                "revision": "v41",
-                "previousRevision": "v40",
-                "dependencies": ["payments-api", "inventory-db"],
-                "failoverTargets": {"payments-api": "payments-api-secondary"},
-                "activeDependencies": {"payments-api": "payments-api", "inventory-db": "inventory-db"},
-                "p95Ms": 1831.0 if self.faulty else 180.0,
-                "thresholdMs": 500.0,
-                "faults": [],
+        view = ServiceView
+        return Topology(
+            services={
+                "checkout-api": view(
+                    "checkout-api",
+                    "production",
+                    4,
+                    1831.0 if self.faulty else 180.0,
+                    500.0,
+                    ("payments-api", "inventory-db"),
+                    "v41",
+                    "v40",
+                    {"payments-api": "payments-api-secondary"},
+                    {"payments-api": "payments-api", "inventory-db": "inventory-db"},
+                ),
+                "payments-api": view("payments-api", "production", 3, payments, 400.0, (), "v17", "v16"),
+                "payments-api-secondary": view("payments-api-secondary", "production", 2, 45.0, 400.0, (), "v17"),
+                "inventory-db": view("inventory-db", "production", 2, 25.0, 150.0, (), "v8", "v7"),
             },
-            {"name": "payments-api", "environment": "production", "replicas": 3, "revision": "v17",
-             "previousRevision": "v16", "dependencies": [], "failoverTargets": {}, "activeDependencies": {},
-             "p95Ms": payments, "thresholdMs": 400.0, "faults": []},
-            {"name": "payments-api-secondary", "environment": "production", "replicas": 2, "revision": "v17",
-             "previousRevision": "v16", "dependencies": [], "failoverTargets": {}, "activeDependencies": {},
-             "p95Ms": 45.0, "thresholdMs": 400.0, "faults": []},
-            {"name": "inventory-db", "environment": "production", "replicas": 2, "revision": "v8",
-             "previousRevision": "v7", "dependencies": [], "failoverTargets": {}, "activeDependencies": {},
-             "p95Ms": 25.0, "thresholdMs": 150.0, "faults": []},
-        ]  # fmt: skip
-
-    def metrics(self) -> str:
-        payments = 280.0 if self.faulty else 35.0
-        utilization = 2.125 if self.faulty else 0.9
-        return (
-            "# TYPE sim_dependency_latency_p95_ms gauge\n"
-            f'sim_dependency_latency_p95_ms{{service="checkout-api",dependency="payments-api"}} {payments}\n'
-            'sim_dependency_latency_p95_ms{service="checkout-api",dependency="inventory-db"} 25.0\n'
-            "# TYPE sim_pool_utilization_ratio gauge\n"
-            f'sim_pool_utilization_ratio{{service="checkout-api"}} {utilization}\n'
+            dependency_p95={("checkout-api", "payments-api"): payments, ("checkout-api", "inventory-db"): 25.0},
+            utilization={"checkout-api": 2.125 if self.faulty else 0.9},
         )
 
-    def app(self) -> FastAPI:
-        app = FastAPI()
-
-        def answer(body: Any) -> Any:
-            time.sleep(self.delay)
-            if not self.available:
-                return JSONResponse({"error": "sim is down"}, status_code=503)
-            return body
-
-        @app.get("/services", response_model=None)
-        def services() -> Any:
-            return answer(self.services())
-
-        @app.get("/metrics", response_model=None)
-        def metrics() -> Any:
-            return answer(PlainTextResponse(self.metrics()))
-
-        return app
+    def snapshot(self, around: str | None = None, *, environment: str | None = None) -> Topology:
+        time.sleep(self.delay)
+        unavailable = None if self.available else "scripted: the evidence source is down"
+        return StaticEvidence(self.topology(), unavailable=unavailable).snapshot(around, environment=environment)
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[tuple[FakeSim, str]]:
-    fake = FakeSim()
-    with ThreadedServer(fake.app()) as server:
-        yield fake, server.url
+ESTATE = ScriptedEstate()
+
+
+def diagnostic_spec(settings: DiagnosticSettings, **kw: Any) -> tuple[Any, DiagnosticAgent]:
+    return build_diagnostic(settings, evidence=ESTATE, **kw)
+
+
+def remediation_spec(settings: RemediationSettings, **kw: Any) -> tuple[Any, RemediationAgent]:
+    return build_remediation(settings, evidence=ESTATE, **kw)
 
 
 @pytest.fixture()
-def fake_sim(sim: tuple[FakeSim, str]) -> FakeSim:
-    fake = sim[0]
-    fake.faulty, fake.available, fake.delay = True, True, 0.0
-    return fake
+def estate() -> ScriptedEstate:
+    """The scripted estate, broken (as when the incident opened) and answering."""
+    ESTATE.faulty, ESTATE.available, ESTATE.delay = True, True, 0.0
+    return ESTATE
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +131,10 @@ def llm() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture(scope="module")
-def diagnostic_settings(stack: StackSettings, sim: tuple[FakeSim, str]) -> DiagnosticSettings:
+def diagnostic_settings(stack: StackSettings) -> DiagnosticSettings:
     return DiagnosticSettings(
         **stack.model_dump(),
         service_database=DIAGNOSTIC_DB,
-        sim_url=sim[1],
         http_port=0,
         baseline_seconds=0,
         diagnostic_job_retry_seconds=0.5,
@@ -165,12 +143,12 @@ def diagnostic_settings(stack: StackSettings, sim: tuple[FakeSim, str]) -> Diagn
 
 @pytest.fixture(scope="module")
 def diagnostic(
-    stack: StackSettings, serde: AvroSerde, diagnostic_settings: DiagnosticSettings, sim: tuple[FakeSim, str]
+    stack: StackSettings, serde: AvroSerde, diagnostic_settings: DiagnosticSettings
 ) -> Iterator[tuple[ServiceContext, DiagnosticAgent]]:
     """The diagnostic agent prepared on its own database, with baselines learned while healthy."""
     spec, agent = diagnostic_spec(diagnostic_settings)
     ctx = prepare(spec, diagnostic_settings)
-    sim[0].faulty = False
+    ESTATE.faulty = False
     assert agent.learn_baselines(ctx) == 2  # checkout-api -> payments-api, inventory-db
     try:
         yield ctx, agent
@@ -181,13 +159,12 @@ def diagnostic(
 
 @pytest.fixture(scope="module")
 def remediation(
-    stack: StackSettings, serde: AvroSerde, sim: tuple[FakeSim, str], tmp_path_factory: pytest.TempPathFactory
+    stack: StackSettings, serde: AvroSerde, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServiceContext, RemediationSettings]]:
     key = write_key(AGENT_KEY, tmp_path_factory.mktemp("secrets") / "proposal-signing-key.pem")
     settings = RemediationSettings(
         **stack.model_dump(),
         service_database=REMEDIATION_DB,
-        sim_url=sim[1],
         http_port=0,
         proposal_signing_key_file=key,
     )
@@ -370,7 +347,7 @@ def test_diagnosis_requested_becomes_dependency_failure_suspected(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, agent = diagnostic
@@ -401,7 +378,7 @@ def test_a_model_answering_garbage_twice_escalates_and_diagnoses_nothing(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     llm: FakeOpenAI,
     topic: str,
 ) -> None:
@@ -441,7 +418,7 @@ def test_a_slow_job_survives_a_restart_and_finishes_exactly_once(
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
     diagnostic_settings: DiagnosticSettings,
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, _ = diagnostic
@@ -490,7 +467,7 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, _ = diagnostic
@@ -501,7 +478,7 @@ def test_two_instances_racing_for_a_due_job_finish_it_once(
     time.sleep(0.2)
     assert scalar(ctx, "SELECT count(*) FROM diagnostic_jobs WHERE status = 'running'") == 1  # this one only
 
-    fake_sim.delay = 0.5  # the first finisher's lease keeps the second off the job while it reads the sim
+    estate.delay = 0.5  # the first finisher's lease keeps the second off the job while it reads the evidence
     outcomes: list[str | None] = []
     contexts = [with_reasoner(ctx, RulesReasoner())[0] for _ in range(2)]
     threads = [threading.Thread(target=lambda c=c: outcomes.append(agent.finish_one(c))) for c in contexts]
@@ -517,11 +494,11 @@ def test_a_job_whose_evidence_is_slower_than_its_lease_is_not_taken_by_another_i
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
-    """The finisher renews its lease on the job while the sim answers (flotilla.heartbeat):
-    with a 1.5 s lease and a 4 s sim, a second instance looking after the first lease
+    """The finisher renews its lease on the job while the evidence answers (flotilla.heartbeat):
+    with a 1.5 s lease and evidence that takes 4 s, a second instance looking after the first lease
     would have run out finds nothing due, and the job is finished once."""
     ctx, _ = diagnostic
     slow_ctx, agent = with_reasoner(ctx, RulesReasoner(), diagnostic_job_seconds=0.1, diagnose_lease_seconds=1.5)
@@ -530,7 +507,7 @@ def test_a_job_whose_evidence_is_slower_than_its_lease_is_not_taken_by_another_i
     drain(on_topic(slow_ctx, topic), 2)
     time.sleep(0.2)
 
-    fake_sim.delay = 4.0
+    estate.delay = 4.0
     first: list[str | None] = []
     finishing = threading.Thread(target=lambda: first.append(agent.finish_one(slow_ctx)))
     finishing.start()
@@ -538,7 +515,7 @@ def test_a_job_whose_evidence_is_slower_than_its_lease_is_not_taken_by_another_i
     _wait_until(lambda: scalar(ctx, leased, incident) is not None, 10, "the first instance never leased the job")
     held_until = scalar(ctx, leased, incident)
     time.sleep(2.5)  # past the first lease: only its heartbeat keeps the job
-    assert scalar(ctx, leased, incident) > held_until  # renewed while the sim answers
+    assert scalar(ctx, leased, incident) > held_until  # renewed while the evidence answers
     second = agent.finish_one(with_reasoner(ctx, RulesReasoner(), diagnose_lease_seconds=1.5)[0])
     finishing.join(30)
     assert second is None
@@ -550,10 +527,10 @@ def test_a_job_finisher_holds_no_transaction_while_it_gathers_evidence(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
-    """The slow job's evidence comes from a sim that takes 4 s to answer: the job is
+    """The slow job's evidence takes 4 s to come: the job is
     leased in a moment, read with no transaction open, and finished in a short one."""
     ctx, _ = diagnostic
     slow_ctx, agent = with_reasoner(ctx, RulesReasoner(), diagnostic_job_seconds=0.1)
@@ -561,7 +538,7 @@ def test_a_job_finisher_holds_no_transaction_while_it_gathers_evidence(
     produce(stack, topic, serde, incident_opened(incident))
     drain(on_topic(slow_ctx, topic), 2)
     time.sleep(0.2)
-    fake_sim.delay = 4.0
+    estate.delay = 4.0
     outcomes: list[str | None] = []
     finishing = threading.Thread(target=lambda: outcomes.append(agent.finish_one(slow_ctx)))
     finishing.start()
@@ -571,43 +548,43 @@ def test_a_job_finisher_holds_no_transaction_while_it_gathers_evidence(
         time.sleep(0.2)
     finishing.join()
     assert outcomes == [DependencyFailureSuspected.TYPE]
-    assert longest_open < 2.0, f"a transaction stayed open {longest_open:.1f} s while the sim answered"
+    assert longest_open < 2.0, f"a transaction stayed open {longest_open:.1f} s while the evidence came"
 
 
-def _opened_while_the_sim_is_down(
+def _opened_while_the_evidence_is_down(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> str:
     """An incident whose diagnosis found no evidence: its deferred request became a job."""
     ctx, agent = diagnostic
     incident = new_incident()
-    fake_sim.available = False
+    estate.available = False
     produce(stack, topic, serde, incident_opened(incident))
     drain(on_topic(ctx, topic), 2)
     agent.worker.run_due(ctx)  # no evidence: the deferred diagnosis becomes a job
     return incident
 
 
-def test_a_sim_that_does_not_answer_is_retried_through_a_job(
+def test_evidence_that_is_unavailable_is_retried_through_a_job(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, agent = diagnostic
-    incident = _opened_while_the_sim_is_down(stack, serde, diagnostic, fake_sim, topic)
+    incident = _opened_while_the_evidence_is_down(stack, serde, diagnostic, estate, topic)
     [(record_type, started, _)] = outbox(ctx, incident)
     assert record_type == DiagnosticJobStarted.TYPE  # not a dead letter
     job_id = str(started["jobId"])
     due = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
 
     assert agent.finish_one(ctx, now=due) == "postponed"  # still down: try again later
-    assert "SimUnavailable" in scalar(ctx, "SELECT last_error FROM diagnostic_jobs WHERE job_id = %s", job_id)
-    fake_sim.available = True
+    assert "EvidenceUnavailable" in scalar(ctx, "SELECT last_error FROM diagnostic_jobs WHERE job_id = %s", job_id)
+    estate.available = True
     retry = scalar(ctx, "SELECT due_at FROM diagnostic_jobs WHERE job_id = %s", job_id)
     assert agent.finish_one(ctx, now=retry) == DependencyFailureSuspected.TYPE
     assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, DependencyFailureSuspected.TYPE]
@@ -617,11 +594,11 @@ def test_a_job_past_its_deadline_without_evidence_escalates(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, agent = diagnostic
-    incident = _opened_while_the_sim_is_down(stack, serde, diagnostic, fake_sim, topic)
+    incident = _opened_while_the_evidence_is_down(stack, serde, diagnostic, estate, topic)
     [(_, started, started_headers)] = outbox(ctx, incident)
     deadline = scalar(ctx, "SELECT deadline FROM diagnostic_jobs WHERE job_id = %s", str(started["jobId"]))
     assert agent.finish_one(ctx, now=deadline + timedelta(seconds=1)) == IncidentEscalated.TYPE
@@ -635,7 +612,7 @@ def test_a_suspected_dependency_becomes_a_keyed_digested_recovery_proposal(
     stack: StackSettings,
     serde: AvroSerde,
     remediation: tuple[ServiceContext, RemediationSettings],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, settings = remediation
@@ -673,7 +650,7 @@ def test_a_model_that_cannot_plan_escalates_instead_of_proposing(
     stack: StackSettings,
     serde: AvroSerde,
     remediation: tuple[ServiceContext, RemediationSettings],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     llm: FakeOpenAI,
     topic: str,
 ) -> None:
@@ -695,13 +672,10 @@ def test_a_model_that_cannot_plan_escalates_instead_of_proposing(
 
 def _rules_diagnosis(incident: str) -> Diagnosis:
     """What the diagnostic agent decides for the demo (rules, learned baselines)."""
-    fake = FakeSim()
-    fake.faulty = True
-    metrics = parse_metrics(fake.metrics())
-    topology = Topology(
-        services=parse_services(fake.services()),
-        dependency_p95=metrics.dependency_p95,
-        utilization=metrics.utilization,
+    estate = ScriptedEstate()
+    estate.faulty = True
+    topology = dataclasses.replace(
+        estate.topology(),
         baselines={("checkout-api", "payments-api"): 35.0, ("checkout-api", "inventory-db"): 25.0},
     )
     return RulesReasoner().diagnose(DiagnosticEvidence(incident, "checkout-api", "production", "slow", topology))
@@ -718,7 +692,7 @@ def test_a_job_that_keeps_failing_is_retried_until_its_deadline_then_escalated(
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, _ = diagnostic
@@ -739,11 +713,11 @@ def test_a_job_that_keeps_failing_is_retried_until_its_deadline_then_escalated(
     assert [t for t, _, _ in outbox(ctx, incident)] == [DiagnosticJobStarted.TYPE, IncidentEscalated.TYPE]
 
 
-def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_retried_then_escalated(
+def test_a_diagnosis_the_remediation_agent_has_no_evidence_for_is_retried_then_escalated(
     stack: StackSettings,
     serde: AvroSerde,
     remediation: tuple[ServiceContext, RemediationSettings],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     ctx, settings = remediation
@@ -752,14 +726,14 @@ def test_a_diagnosis_the_remediation_agent_cannot_read_the_sim_for_is_retried_th
     incident = new_incident()
     records = _diagnosed(incident)
     diagnosis_env = records[-1][1]
-    fake_sim.available = False
+    estate.available = False
     produce(stack, topic, serde, records)
     drain(on_topic(ctx, topic), 3)
 
     assert agent.worker.run_one(ctx) == "retry"  # no proposal without a topology
     assert outbox(ctx, incident) == []
     sql = "SELECT {} FROM deferred_work WHERE incident_id = %s"
-    assert "SimUnavailable" in scalar(ctx, sql.format("last_error"), incident)
+    assert "EvidenceUnavailable" in scalar(ctx, sql.format("last_error"), incident)
     deadline = scalar(ctx, sql.format("deadline"), incident)
     assert agent.worker.run_one(ctx, now=deadline) == IncidentEscalated.TYPE  # a person is told, nothing is lost
     assert agent.worker.run_one(ctx, now=deadline + timedelta(hours=1)) is None  # once
@@ -805,7 +779,7 @@ def test_an_idle_worker_is_woken_by_the_commit_that_defers_work_and_when_work_co
     stack: StackSettings,
     serde: AvroSerde,
     diagnostic: tuple[ServiceContext, DiagnosticAgent],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     """Workers do not poll: with a minute between looks, deferred work is still taken as
@@ -816,7 +790,7 @@ def test_an_idle_worker_is_woken_by_the_commit_that_defers_work_and_when_work_co
     ctx = ServiceContext(
         dataclasses.replace(spec, periodic=agent.worker.periodic(1)), base.settings, base.pool, base.serde
     )
-    fake_sim.faulty = True
+    estate.faulty = True
     workers = start_periodic(ctx)
     try:
         time.sleep(1.0)  # the worker found nothing and sleeps, for up to a minute
@@ -850,7 +824,7 @@ def test_a_model_taking_30_s_delays_no_other_incident_and_holds_no_transaction(
     stack: StackSettings,
     serde: AvroSerde,
     remediation: tuple[ServiceContext, RemediationSettings],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     """Two incidents on one partition, the first one's model answering after 30 s: the
@@ -899,7 +873,7 @@ def test_a_plan_slower_than_its_lease_keeps_it_and_a_dead_workers_plan_is_taken_
     stack: StackSettings,
     serde: AvroSerde,
     remediation: tuple[ServiceContext, RemediationSettings],
-    fake_sim: FakeSim,
+    estate: ScriptedEstate,
     topic: str,
 ) -> None:
     """Leases are short because a live worker renews its own (flotilla.heartbeat). With a

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import httpx
 import pytest
 from flotilla_reasoning import (
     Action,
@@ -216,42 +215,31 @@ def test_settings_choose_the_reasoner() -> None:
         make_reasoner(AgentSettings(reasoner="llm"))
 
 
-def test_against_the_real_sim_the_demo_is_payments_api_and_4_to_12() -> None:
-    """The sim's own latency model, over its HTTP API: learn while healthy, break payments,
-    diagnose, plan — and the plan brings checkout-api back under its threshold."""
-    sim_app = pytest.importorskip("services.sim.app")
-    from flotilla_reasoning import SimClient
+def test_without_a_replica_count_no_scale_out_is_sized() -> None:
+    """Prometheus had no kube_deployment_spec_replicas for the service: a person decides."""
+    topology = demo_topology()
+    unknown = dataclasses.replace(topology.services["checkout-api"], replicas=None)
+    topology = dataclasses.replace(topology, services={**topology.services, "checkout-api": unknown})
+    diagnosis = RulesReasoner().diagnose(evidence(topology))
+    assert "an unknown number of replicas" in diagnosis.reasoning.evidence[0].description
+    diagnosis = dataclasses.replace(diagnosis, event_id="e-1")
+    [step] = RulesReasoner().propose(diagnosis, topology).steps  # the failover needs no count
+    assert step.action is Action.FAILOVER
+    alone = dataclasses.replace(unknown, failover_targets={})
+    topology = dataclasses.replace(topology, services={**topology.services, "checkout-api": alone})
+    with pytest.raises(ReasoningFailed, match="no replica count for production/checkout-api"):
+        RulesReasoner().propose(diagnosis, topology)
 
-    from tests.fakes.fake_openai import ThreadedServer
 
-    action_token = "the-executors-sim-action-token"
-    with ThreadedServer(sim_app.create_sim_app(action_seconds=0, action_token=action_token)) as server:
-        client = SimClient(server.url)
-        healthy = client.snapshot()
-        learned = dict(healthy.dependency_p95)
-        revisions = {name: s.revision for name, s in healthy.services.items() if s.revision}
-        fault = httpx.post(
-            f"{server.url}/faults",
-            json={"service": "checkout-api", "kind": "dependency-slow", "dependency": "payments-api"},
-        )
-        assert fault.status_code == 201
-        broken = dataclasses.replace(client.snapshot(), baselines=learned, healthy_revisions=revisions)
+def test_history_says_when_the_breach_began_and_what_it_was_before() -> None:
+    from datetime import UTC, datetime
 
-        diagnosis = RulesReasoner().diagnose(evidence(broken))
-        assert (diagnosis.verdict, diagnosis.suspected_dependency) == (Verdict.DEPENDENCY_FAILURE, "payments-api")
-        proposal = RulesReasoner().propose(dataclasses.replace(diagnosis, event_id="e-3"), broken)
-        [step] = proposal.steps
-        assert (step.action, step.service, dict(step.params)) == (Action.SCALE, "checkout-api", {"replicas": 12})
-
-        applied = httpx.post(
-            f"{server.url}/actions/scale",
-            json={
-                "resource": "checkout-api",
-                "params": {"replicas": 12},
-                "idempotencyKey": "t:scale:12",
-                "fencingToken": 1,
-            },
-            headers={"Authorization": f"Bearer {action_token}"},  # as the executor acts
-        )
-        assert applied.status_code == 200, applied.text
-        assert client.snapshot().services["checkout-api"].p95_ms < 500
+    at = [datetime(2026, 12, 6, 12, 0, s, tzinfo=UTC) for s in (0, 15, 30, 45)]
+    topology = dataclasses.replace(
+        demo_topology(), history={"checkout-api": tuple(zip(at, (180.0, 190.0, 1200.0, 1831.0), strict=True))}
+    )
+    diagnosis = RulesReasoner().diagnose(evidence(topology))
+    [item] = [e for e in diagnosis.reasoning.evidence if e.kind == "metric-history"]
+    assert item.description == (
+        "checkout-api p95 crossed its 500 ms threshold at 12:00:30 UTC (190 ms at most before); 1831 ms now"
+    )

@@ -1,0 +1,302 @@
+"""The estate as Prometheus (and a catalogue) show it: :class:`PrometheusEvidence`.
+
+One instance serves both uses: the agents' :meth:`~PrometheusEvidence.snapshot` (a
+neighbourhood, or the whole estate for baselines) and the health agent's
+:meth:`~PrometheusEvidence.latency_readings` (every watched service's p95 against its
+threshold, each tick).
+
+The dependency graph comes from telemetry (the service-graph edges with traffic), from
+the catalogue, or both merged (``FLOTILLA_ESTATE_GRAPH``). Merging: a declared dependency
+is kept even while it has no traffic; an observed edge the catalogue does not declare is
+added; traffic to a declared standby (``failover_to``) and none to its primary means the
+caller has failed over — the dependency stays the primary, its *active* target is the
+standby. A catalogue's threshold, Deployment and namespace win over telemetry's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from flotilla_evidence.base import EvidenceUnavailable
+from flotilla_evidence.catalogue import Catalogue
+from flotilla_evidence.model import Series, ServiceView, Topology
+from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
+from flotilla_evidence.queries import Labels, Queries
+
+log = logging.getLogger(__name__)
+
+Graph = Literal["telemetry", "catalogue", "both"]
+Key = tuple[str, str]  # (environment, service)
+
+
+@dataclass(frozen=True)
+class LatencyReading:
+    """One watched service's p95 now, against its threshold (the health agent's sample)."""
+
+    service: str
+    environment: str
+    p95_ms: float
+    threshold_ms: float
+
+
+@dataclass(frozen=True)
+class _Versions:
+    current: str
+    previous: str | None
+    changed_at: datetime | None
+
+
+class PrometheusEvidence:
+    """:class:`~flotilla_evidence.base.EvidenceSource` over Prometheus' query API."""
+
+    def __init__(
+        self,
+        client: PrometheusClient,
+        *,
+        queries: Queries | None = None,
+        labels: Labels | None = None,
+        catalogue: Catalogue | None = None,
+        graph: Graph = "both",
+        default_environment: str = "production",
+        namespaces: Mapping[str, str] | None = None,
+        lookback: timedelta = timedelta(minutes=15),
+        step: timedelta = timedelta(seconds=30),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.client = client
+        self.queries = queries or Queries()
+        self.labels = labels or Labels()
+        self.catalogue = catalogue or Catalogue()
+        self.graph = graph
+        self.default_environment = default_environment
+        self.namespaces = dict(namespaces or {})
+        self.lookback = lookback
+        self.step = step
+        self._clock = clock
+        self.name = client.base_url
+
+    # ------------------------------------------------------------- readings
+
+    def _query(self, name: str, **scope: Iterable[str] | None) -> list[Reading]:
+        if not getattr(self.queries, name):
+            return []
+        return self.client.query(self.queries.render(name, **scope))
+
+    def _environment_of(self, labels: Mapping[str, str]) -> str:
+        return labels.get(self.labels.environment) or self.default_environment
+
+    def _per_service(self, readings: list[Reading]) -> dict[Key, float]:
+        found: dict[Key, float] = {}
+        for r in readings:
+            service = r.labels.get(self.labels.service)
+            if service:
+                found[(self._environment_of(r.labels), service)] = r.value
+        return found
+
+    def _thresholds(self, services: Iterable[str] | None) -> dict[Key, float]:
+        """From the threshold query, then the catalogue's over it."""
+        found = self._per_service(self._query("threshold", services=services))
+        for key, declared in self.catalogue.services.items():
+            if declared.latency_threshold_ms is not None and (services is None or key[1] in set(services)):
+                found[key] = declared.latency_threshold_ms
+        return found
+
+    def latency_readings(self) -> list[LatencyReading]:
+        """Every service with both a p95 and a threshold now: what the health agent
+        watches. Raises :class:`~flotilla_evidence.prometheus.PrometheusUnavailable`."""
+        p95 = self._per_service(self._query("service_p95"))
+        thresholds = self._thresholds(None)
+        return [
+            LatencyReading(service, environment, p95[(environment, service)], thresholds[(environment, service)])
+            for environment, service in sorted(p95.keys() & thresholds.keys())
+        ]
+
+    # ------------------------------------------------------------- topology
+
+    def _edges(self, clients: Iterable[str] | None) -> dict[tuple[str, str], float]:
+        if self.graph == "catalogue":
+            return {}
+        found = {}
+        for r in self._query("edges", services=clients):
+            client, server = r.labels.get(self.labels.client), r.labels.get(self.labels.server)
+            if client and server and r.value > 0:
+                found[(client, server)] = r.value
+        return found
+
+    def _declared_dependencies(self, environment: str, name: str) -> tuple[str, ...]:
+        declared = self.catalogue.get(environment, name)
+        return declared.depends_on if declared is not None and self.graph != "telemetry" else ()
+
+    def _standby(self, environment: str, name: str) -> str | None:
+        declared = self.catalogue.get(environment, name)
+        return declared.failover_to if declared is not None else None
+
+    def _wiring(
+        self, environment: str, name: str, edges: Mapping[tuple[str, str], float]
+    ) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+        """(dependencies, failover targets, active targets) of one service."""
+        declared = self._declared_dependencies(environment, name)
+        observed = {server for client, server in edges if client == name}
+        failover = {d: s for d in declared if (s := self._standby(environment, d)) is not None}
+        standbys = set(failover.values())
+        dependencies = (*declared, *sorted(observed - set(declared) - standbys - {name}))
+        active = {
+            d: failover[d] if d in failover and failover[d] in observed and d not in observed else d
+            for d in dependencies
+        }
+        return dependencies, failover, active
+
+    def _names_around(self, around: str, environment: str) -> set[str]:
+        """The service, what it calls or is declared to call, and their standbys."""
+        edges = self._edges([around])
+        dependencies, failover, active = self._wiring(environment, around, edges)
+        return {around, *dependencies, *failover.values(), *active.values()}
+
+    def _peer(self, address: str, known: set[str]) -> str:
+        """A client histogram's ``server_address`` as a service name: the name itself, or
+        its host without port and domain (payments-api.shop.svc.cluster.local:8080)."""
+        host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+        if host in known:
+            return host
+        return host.split(".", 1)[0]
+
+    def _versions(self, services: Iterable[str] | None, now: datetime) -> dict[Key, _Versions]:
+        if not self.queries.versions:
+            return {}
+        series = self.client.query_range(
+            self.queries.render("versions", services=services), start=now - self.lookback, end=now, step=self.step
+        )
+        seen: dict[Key, list[tuple[datetime, datetime, str]]] = defaultdict(list)
+        for s in series:
+            service, version = s.labels.get(self.labels.service), s.labels.get(self.labels.version)
+            if service and version and s.points:
+                seen[(self._environment_of(s.labels), service)].append((s.points[0][0], s.points[-1][0], version))
+        found = {}
+        for key, spans in seen.items():
+            spans.sort(key=lambda span: (span[1], span[0]))  # by last seen, then first seen
+            current = spans[-1]
+            before = [span for span in spans[:-1] if span[2] != current[2]]
+            previous = before[-1][2] if before else None
+            found[key] = _Versions(current[2], previous, current[0] if before else None)
+        return found
+
+    def _history(self, services: Iterable[str], environment: str, now: datetime) -> dict[str, Series]:
+        series: list[RangeSeries] = self.client.query_range(
+            self.queries.render("service_p95", services=services), start=now - self.lookback, end=now, step=self.step
+        )
+        return {
+            s.labels[self.labels.service]: s.points
+            for s in series
+            if s.labels.get(self.labels.service) and self._environment_of(s.labels) == environment
+        }
+
+    def snapshot(self, around: str | None = None, *, environment: str | None = None) -> Topology:
+        now = self._clock()
+        if around is not None and environment is None:
+            environment = self._environment_running(around)
+        names = None if around is None or environment is None else self._names_around(around, environment)
+        p95 = self._per_service(self._query("service_p95", services=names))
+        thresholds = self._thresholds(names)
+        in_scope = {k for k in p95 if environment is None or k[0] == environment}
+        if around is not None and (environment, around) not in in_scope:
+            raise EvidenceUnavailable(
+                f"{self.name} has no p95 for {environment}/{around} now (no requests in the last "
+                f"{self.queries.window}, or its metrics are not scraped)"
+            )
+        edges = self._edges(names)
+        known = {name for _, name in in_scope} | {s for _, s in edges}
+        deployments = {self._deployment(k): k for k in in_scope}  # (namespace, deployment) -> the service it runs
+        replicas = {
+            deployments[(r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, ""))]: int(
+                r.value
+            )
+            for r in self._query("replicas", deployments=sorted({d for _, d in deployments}))
+            if (r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, "")) in deployments
+        }
+        utilization = {
+            k[1]: v for k, v in self._per_service(self._query("utilization", services=names)).items() if k in in_scope
+        }
+        versions = self._versions(names, now)
+
+        services: dict[str, ServiceView] = {}
+        dependency_p95: dict[tuple[str, str], float] = {}
+        edge_p95 = {
+            (r.labels.get(self.labels.client, ""), r.labels.get(self.labels.server, "")): r.value
+            for r in self._query("edge_p95", services=names)
+        }
+        client_p95 = {
+            (
+                r.labels.get(self.labels.service, ""),
+                self._peer(r.labels.get(self.labels.dependency, ""), known),
+            ): r.value
+            for r in self._query("dependency_p95", services=names)
+        }
+        for key in sorted(in_scope):
+            env, name = key
+            if key not in thresholds:
+                log.debug("%s/%s has no latency threshold (catalogue or threshold query): left out", env, name)
+                continue
+            dependencies, failover, active = self._wiring(env, name, edges)
+            for dependency in dependencies:
+                target = active[dependency]
+                seen = client_p95.get((name, target), edge_p95.get((name, target)))
+                if seen is not None:
+                    dependency_p95[(name, dependency)] = seen
+            version = versions.get(key)
+            if name in services:
+                log.debug("%s is in several environments; the whole-estate snapshot keeps %s", name, env)
+            services[name] = ServiceView(
+                name=name,
+                environment=env,
+                replicas=replicas.get(key),
+                p95_ms=p95[key],
+                threshold_ms=thresholds[key],
+                dependencies=dependencies,
+                revision=None if version is None else version.current,
+                previous_revision=None if version is None else version.previous,
+                failover_targets=failover,
+                active_dependencies=active,
+                revision_changed_at=None if version is None else version.changed_at,
+            )
+        history = {}
+        if around is not None and environment is not None and around in services:
+            centre = services[around]
+            history = self._history({around, *centre.active_dependencies.values()}, environment, now)
+        return Topology(
+            services=services,
+            dependency_p95=dependency_p95,
+            utilization=utilization,
+            history=history,
+            observed_at=now,
+            source=self.name,
+        )
+
+    def _environment_running(self, name: str) -> str:
+        """Where ``name`` runs, for a caller that did not say: the only environment its p95
+        is reported in, else the default one (a record older than its environment field)."""
+        environments = sorted({k[0] for k in self._per_service(self._query("service_p95", services=[name]))})
+        if len(environments) == 1 or self.default_environment not in environments:
+            return environments[0] if environments else self.default_environment
+        return self.default_environment
+
+    def _deployment(self, key: Key) -> tuple[str, str]:
+        """(namespace, Deployment) that runs a service: the catalogue's, else the service's
+        name in its environment's namespace (``FLOTILLA_KUBERNETES_NAMESPACES``, else the
+        environment's name)."""
+        environment, name = key
+        declared = self.catalogue.get(environment, name)
+        namespace = (declared.namespace if declared else None) or self.namespaces.get(environment, environment)
+        return namespace, declared.deployment if declared else name
+
+    def replicas(self, environment: str, name: str) -> int | None:
+        """Replicas of one service's Deployment now, or None when Prometheus has no count."""
+        namespace, deployment = self._deployment((environment, name))
+        for r in self._query("replicas", deployments=[deployment]):
+            if r.labels.get(self.labels.namespace, "") == namespace:
+                return int(r.value)
+        return None

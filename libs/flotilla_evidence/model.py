@@ -1,0 +1,109 @@
+"""What is known around a service, as plain immutable values, whatever the source.
+
+A :class:`Topology` is what every evidence source returns (Prometheus plus a catalogue
+in production, the same for the sim locally) and what both reasoners read: services
+with their environment, replicas, latency, threshold, dependencies and revision; the
+latency each caller sees per dependency; utilization where the source knows it; and a
+short history of latency, so a decision can tell before from after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# A short history of one value: (when, value), oldest first.
+Series = tuple[tuple[datetime, float], ...]
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    """One service as the estate's telemetry (and catalogue) describe it.
+
+    ``replicas`` is None where the source has no replica count (no kube-state-metrics for
+    it): a plan that sizes a scale-out then refuses rather than guesses.
+    ``revision_changed_at`` is when the current revision first appeared within the
+    source's look-back (None: it is the only one seen there).
+    """
+
+    name: str
+    environment: str
+    replicas: int | None
+    p95_ms: float
+    threshold_ms: float
+    dependencies: tuple[str, ...] = ()
+    revision: str | None = None
+    previous_revision: str | None = None
+    failover_targets: Mapping[str, str] = field(default_factory=dict)
+    active_dependencies: Mapping[str, str] = field(default_factory=dict)
+    revision_changed_at: datetime | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.environment}/{self.name}"
+
+    @property
+    def degraded(self) -> bool:
+        return self.p95_ms > self.threshold_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "environment": self.environment,
+            "replicas": self.replicas,
+            "p95Ms": self.p95_ms,
+            "thresholdMs": self.threshold_ms,
+            "dependencies": list(self.dependencies),
+            "revision": self.revision,
+            "previousRevision": self.previous_revision,
+            "revisionChangedAt": None if self.revision_changed_at is None else self.revision_changed_at.isoformat(),
+            "failoverTargets": dict(self.failover_targets),
+            "activeDependencies": dict(self.active_dependencies),
+        }
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A snapshot of the services, their dependencies and their latencies.
+
+    ``dependency_p95`` is the p95 a caller observes on calls to one dependency, keyed
+    ``(service, dependency)``; ``baselines`` the same p95 as the agent learned it while
+    the caller was healthy (its "normal"); ``utilization`` a service's worker-slot demand
+    over its slots (above 1 requests wait for the pool), where the source reports it;
+    ``healthy_revisions`` the revision each service last ran while healthy, as the agent
+    saw it; ``history`` each service's p95 over the source's look-back (range queries),
+    oldest first; ``source`` names where it came from (a URL), for the evidence's sake.
+    """
+
+    services: Mapping[str, ServiceView]
+    dependency_p95: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    utilization: Mapping[str, float] = field(default_factory=dict)
+    baselines: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    healthy_revisions: Mapping[str, str] = field(default_factory=dict)  # last revision seen healthy
+    history: Mapping[str, Series] = field(default_factory=dict)
+    observed_at: datetime | None = None
+    source: str = "estate"
+
+    def observed_dependency_p95(self, service: str, dependency: str) -> float | None:
+        """What ``service`` sees when it calls ``dependency``; else the dependency's own p95."""
+        seen = self.dependency_p95.get((service, dependency))
+        if seen is not None:
+            return seen
+        own = self.services.get(dependency)
+        return own.p95_ms if own is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "services": [s.to_json() for s in self.services.values()],
+            "dependencyLatencyP95Ms": [
+                {"service": s, "dependency": d, "p95Ms": v, "baselineP95Ms": self.baselines.get((s, d))}
+                for (s, d), v in sorted(self.dependency_p95.items())
+            ],
+            "poolUtilization": dict(sorted(self.utilization.items())),
+            "lastHealthyRevisions": dict(sorted(self.healthy_revisions.items())),
+            "p95HistoryMs": {
+                name: [[at.isoformat(), value] for at, value in series] for name, series in sorted(self.history.items())
+            },
+        }
