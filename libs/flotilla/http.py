@@ -26,8 +26,9 @@ from psycopg_pool import ConnectionPool
 DATABASE_RETRY_AFTER_SECONDS = 2
 
 
-def create_app(name: str, ready: Callable[[], bool]) -> FastAPI:
-    """The operational HTTP surface; services add their own routes to it."""
+def create_app(name: str, ready: Callable[[], bool], *, not_ready: Callable[[], str | None] | None = None) -> FastAPI:
+    """The operational HTTP surface; services add their own routes to it. ``not_ready``
+    says why a service whose database answers still cannot do its job (None: it can)."""
     app = FastAPI(title=name, docs_url=None, redoc_url=None)
 
     # OperationalError: the connection broke mid-request (AdminShutdown, connection
@@ -46,10 +47,14 @@ def create_app(name: str, ready: Callable[[], bool]) -> FastAPI:
 
     @app.get("/readyz")
     def readyz(response: Response) -> dict[str, str]:
-        if ready():
-            return {"status": "ready", "service": name}
-        response.status_code = 503
-        return {"status": "not ready", "service": name}
+        if not ready():
+            response.status_code = 503
+            return {"status": "not ready", "service": name}
+        reason = not_ready() if not_ready is not None else None
+        if reason is not None:
+            response.status_code = 503
+            return {"status": "not ready", "service": name, "reason": reason}
+        return {"status": "ready", "service": name}
 
     @app.get("/metrics")
     def prometheus() -> Response:

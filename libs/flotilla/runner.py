@@ -127,6 +127,9 @@ class ServiceSpec:
     # constraint on its outbox table. Only the policy service may write `commands`.
     emits: tuple[str, ...] = ("incidents",)
     loop: Mapping[str, Any] = field(default_factory=dict)  # extra LoopConfig fields
+    # Why the service cannot do its job now, beyond its database (None: it can): makes
+    # /readyz answer 503 with the reason (the health agent while its metrics fail).
+    not_ready: Callable[[], str | None] | None = None
 
 
 def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
@@ -253,7 +256,11 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
     loop = build_loop(ctx) if spec.topics else None
     server = None
     if settings.http_port:
-        app = create_app(spec.name, lambda: database_ready(ctx.pool) and not ctx.stopping.is_set())
+        app = create_app(
+            spec.name,
+            lambda: database_ready(ctx.pool) and not ctx.stopping.is_set(),
+            not_ready=spec.not_ready,
+        )
         if spec.routes is not None:
             spec.routes(app, ctx)
         server = serve_http(app, settings.http_host, settings.http_port)

@@ -5,6 +5,10 @@ A proposal is done when every one of its commands has a RecoveryExecuted. The st
 learnt from the RecoveryProposed on the same topic (it precedes its executions in the
 incident's partition). Compensating executions (``compensates`` set) undo a plan and
 never start a verification.
+
+The window starts ``lag`` after the last step ran: a p95 over a PromQL rate window still
+counts requests from before the fix until the window has passed, and such a reading says
+nothing about the recovery (``FLOTILLA_HEALTH_METRICS_LAG_SECONDS``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from psycopg.types.json import Jsonb
 
@@ -36,7 +40,9 @@ def on_proposed(ctx: HandlerContext) -> None:
     )
 
 
-def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Handler:
+def make_on_executed(window_seconds: float, clock: Callable[[], datetime], lag_seconds: float = 0.0) -> Handler:
+    lag = timedelta(seconds=lag_seconds)
+
     def on_executed(ctx: HandlerContext) -> None:
         executed = ctx.incoming.typed(RecoveryExecuted)
         if executed.compensates is not None:
@@ -66,7 +72,15 @@ def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Ha
         conn.execute(
             "INSERT INTO verifications (proposal_id, incident_id, environment, service, started_at, window_seconds, "
             "cause) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (proposal_id) DO NOTHING",
-            (proposal, incident, environment, service, clock(), window_seconds, Jsonb(asdict(ctx.incoming.envelope))),
+            (
+                proposal,
+                incident,
+                environment,
+                service,
+                clock() + lag,
+                window_seconds,
+                Jsonb(asdict(ctx.incoming.envelope)),
+            ),
         )
         log.info(
             "%s: proposal %s executed; verifying %s/%s for %g s",
@@ -80,11 +94,11 @@ def make_on_executed(window_seconds: float, clock: Callable[[], datetime]) -> Ha
     return on_executed
 
 
-def make_handlers(window_seconds: float) -> Callable[[ServiceContext], Mapping[str, Handler]]:
+def make_handlers(window_seconds: float, lag_seconds: float = 0.0) -> Callable[[ServiceContext], Mapping[str, Handler]]:
     def handlers(ctx: ServiceContext) -> Mapping[str, Handler]:
         return {
             RecoveryProposed.TYPE: on_proposed,
-            RecoveryExecuted.TYPE: make_on_executed(window_seconds, lambda: datetime.now(UTC)),
+            RecoveryExecuted.TYPE: make_on_executed(window_seconds, lambda: datetime.now(UTC), lag_seconds),
         }
 
     return handlers

@@ -1,17 +1,25 @@
-"""Reading the watched services' latency from the sim's Prometheus ``/metrics``.
+"""Where the health agent reads every watched service's latency, each tick.
 
-The sim exposes, per service, ``sim_latency_p95_ms{service=...}`` and
-``sim_latency_threshold_ms{service=...}`` (see docs/design/fleet-contracts.md). A
-service is watched when both are present; an ``environment`` label is honoured when
-the source has one, otherwise the configured default applies.
+- :class:`PromQLMetrics` (the default): Prometheus' query API through
+  :class:`flotilla_evidence.PrometheusEvidence` — each service's p95 from its
+  request-duration histogram against its threshold (catalogue or threshold query), the
+  same PromQL a team can override for its estate. A service is watched when both exist.
+- :class:`SimMetrics`: the sim's own ``/metrics`` gauges read directly
+  (``sim_latency_p95_ms``, ``sim_latency_threshold_ms``), the path before Prometheus,
+  kept only so a benchmark can measure what Prometheus adds (``FLOTILLA_HEALTH_SOURCE=scrape``).
+
+Either raises :class:`ScrapeError` for an answer it cannot use, whole or in part: the
+agent then opens nothing and keeps its state until a whole answer comes.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
+from flotilla_evidence import EvidenceUnavailable, PrometheusEvidence
 from prometheus_client.parser import text_string_to_metric_families
 
 P95 = "sim_latency_p95_ms"
@@ -34,12 +42,42 @@ class ScrapeError(Exception):
     """The metrics could not be read or parsed."""
 
 
+class MetricsSource(Protocol):
+    name: str
+
+    def scrape(self) -> list[Sample]:
+        """Every watched service's reading now; raises :class:`ScrapeError`."""
+        ...
+
+
+class PromQLMetrics:
+    """Readings from Prometheus (two instant queries a tick: p95 and thresholds)."""
+
+    def __init__(self, evidence: PrometheusEvidence) -> None:
+        self._evidence = evidence
+        self.name = evidence.name
+
+    def scrape(self) -> list[Sample]:
+        try:
+            readings = self._evidence.latency_readings()
+        except EvidenceUnavailable as exc:
+            raise ScrapeError(str(exc)) from exc
+        return [Sample(r.service, r.environment, r.p95_ms, r.threshold_ms) for r in readings]
+
+
 def parse(text: str, default_environment: str) -> list[Sample]:
-    """Samples from Prometheus text; services lacking either series are left out."""
+    """Samples from Prometheus text; services lacking either series are left out. Only the
+    two families' lines are parsed: the sim publishes an estate's worth of histograms
+    beside them (12 MB for 2,000 services), which would take seconds to parse."""
     p95: dict[tuple[str, str], float] = {}
     thresholds: dict[tuple[str, str], float] = {}
+    wanted = "\n".join(
+        line for line in text.splitlines() if line.startswith((P95, THRESHOLD, f"# TYPE {P95}", f"# TYPE {THRESHOLD}"))
+    )
+    if f"\n{P95}" not in f"\n{wanted}":
+        raise ScrapeError(f"no {P95} series: not the sim's metrics ({text[:80]!r})")
     try:
-        families = list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families(wanted + "\n"))
     except ValueError as exc:
         raise ScrapeError(f"metrics are not Prometheus text: {exc}") from exc
     for family in families:
@@ -60,6 +98,7 @@ class SimMetrics:
 
     def __init__(self, base_url: str, *, timeout: float, default_environment: str) -> None:
         self._url = base_url.rstrip("/") + "/metrics"
+        self.name = self._url
         self._timeout = timeout
         self._default_environment = default_environment
         self._client = httpx.Client(timeout=timeout)  # reused: a new client costs ~25 ms

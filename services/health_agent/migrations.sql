@@ -71,3 +71,40 @@ CREATE INDEX IF NOT EXISTS verifications_open_idx ON verifications (started_at) 
 -- The agent's first look at the window (a tick that folded it, with or without a sample):
 -- a window opened while a long tick ran is given its time from then, not from its start.
 ALTER TABLE verifications ADD COLUMN IF NOT EXISTS watched_from timestamptz;
+
+-- What opened an incident, and what kind of signal: the agent's own reading of latency
+-- ('metrics', signal 'latency') or an Alertmanager alert ('alert', its signal).
+ALTER TABLE health_incidents ADD COLUMN IF NOT EXISTS opened_by text NOT NULL DEFAULT 'metrics';
+ALTER TABLE health_incidents ADD COLUMN IF NOT EXISTS signal text NOT NULL DEFAULT 'latency';
+-- An incident opened by an alert has no measured p95 (the alert says what it says).
+ALTER TABLE health_incidents ALTER COLUMN p95_ms DROP NOT NULL;
+ALTER TABLE health_incidents ALTER COLUMN threshold_ms DROP NOT NULL;
+
+-- Every alert Alertmanager delivered, once per firing (its fingerprint and startsAt:
+-- Alertmanager resends each repeat_interval, after a restart, and from each replica of an
+-- HA pair; one alert is one row however often it comes). `outcome` says what became of
+-- it: opened an incident, joined the open one, recorded (nothing to open or join), or an
+-- unknown service (kept for an operator: GET /alerts?outcome=unknown-service).
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint     text        NOT NULL,
+    starts_at       timestamptz NOT NULL,
+    alert_name      text        NOT NULL,
+    environment     text,
+    service         text,
+    signal          text        NOT NULL,
+    severity        text,
+    labels          jsonb       NOT NULL,
+    annotations     jsonb       NOT NULL,
+    generator_url   text,
+    status          text        NOT NULL CHECK (status IN ('firing', 'resolved')),
+    ends_at         timestamptz,
+    outcome         text        NOT NULL CHECK (outcome IN ('opened', 'joined', 'recorded', 'unknown-service')),
+    incident_id     text,
+    received        integer     NOT NULL DEFAULT 1,
+    first_received_at timestamptz NOT NULL DEFAULT now(),
+    last_received_at  timestamptz NOT NULL DEFAULT now(),
+    resolved_at     timestamptz,
+    PRIMARY KEY (fingerprint, starts_at)
+);
+CREATE INDEX IF NOT EXISTS alerts_firing_by_incident_idx ON alerts (incident_id) WHERE status = 'firing';
+CREATE INDEX IF NOT EXISTS alerts_outcome_idx ON alerts (outcome, last_received_at);

@@ -1,14 +1,16 @@
-"""The health agent's periodic task: scrape, detect breaches, decide verifications.
+"""The health agent's periodic task: read latency, detect breaches, decide verifications.
 
-Each tick reads the sim's metrics once, then
+Each tick reads every watched service's latency once (:mod:`.metrics_source`: Prometheus
+by default), then
 
-1. per watched service whose detector state the scrape changes, in its own savepoint
+1. per watched service whose detector state the reading changes, in its own savepoint
    (up to 50 to a transaction): locks the service's detector row, applies the
-   hysteresis (:mod:`.detector`) and, when a breach is confirmed, opens an incident — ``incident-<n>`` from a sequence,
-   ServiceLatencyIncreased then DiagnosisRequested (caused by it) in the outbox, in the
-   same savepoint as the incident row. A partial unique index allows one open incident
-   per service, so a breach that goes on never opens a second one, whatever the process
-   does. Routine samples — a healthy service that stays healthy (nearly all of an
+   hysteresis (:mod:`.detector`) and, when a breach is confirmed, opens an incident
+   (:mod:`.incidents`) — ``incident-<n>`` from a sequence, ServiceLatencyIncreased then
+   DiagnosisRequested (caused by it) in the outbox, in the same savepoint as the incident
+   row — or adopts the one an alert opened for the service meanwhile. A partial unique
+   index allows one open incident per service, so a breach that goes on never opens a
+   second one, whatever the process does. Routine samples — a healthy service that stays healthy (nearly all of an
    estate, every tick), a breach already open that goes on (every service of a storm) —
    only move counters and the last sample, all in one statement: a transaction each made
    a tick over 2,000 services, or 200 breaching at once, take longer than the
@@ -18,7 +20,9 @@ Each tick reads the sim's metrics once, then
    window with it), which starts with the first one left over, so no service waits
    behind others that keep changing;
 2. every open verification window, in one transaction (``FOR UPDATE SKIP LOCKED``):
-   folds the new sample in (:mod:`.verification`) and, once decided, writes the outcome
+   folds the new sample in (:mod:`.verification`), with any alert about the incident
+   still firing (:mod:`.alerts`: a recovery is not complete while one is), and, once
+   decided, writes the outcome
    and emits RecoveryCompleted, RecoveryFailed (stage VERIFICATION, compensation
    required) or — when nothing could be observed — IncidentEscalated. The outcome
    column is written in the same transaction as the record and is checked under the
@@ -47,9 +51,10 @@ from prometheus_client import Counter, Histogram
 from psycopg.rows import dict_row
 
 from flotilla import Envelope, Record, ServiceContext, escalation
-from flotilla.records import DiagnosisRequested, RecoveryCompleted, RecoveryFailed, ServiceLatencyIncreased
+from flotilla.records import RecoveryCompleted, RecoveryFailed, ServiceLatencyIncreased
+from services.health_agent import incidents
 from services.health_agent.detector import Change, DetectorState, Hysteresis, Phase, is_breaching, observe
-from services.health_agent.metrics_source import Sample, ScrapeError, SimMetrics
+from services.health_agent.metrics_source import MetricsSource, Sample, ScrapeError
 from services.health_agent.settings import HealthSettings
 from services.health_agent.verification import Outcome, Verdict, Window, observe_nothing
 from services.health_agent.verification import observe as observe_window
@@ -57,13 +62,13 @@ from services.health_agent.verification import observe as observe_window
 log = logging.getLogger(__name__)
 
 
-INCIDENTS_OPENED = Counter(
-    "flotilla_health_incidents_opened_total", "Incidents opened by the health agent.", ["service"]
-)
 VERIFICATIONS = Counter(
     "flotilla_health_verifications_total", "Recovery verifications decided, by verdict.", ["service", "verdict"]
 )
-SCRAPE_FAILURES = Counter("flotilla_health_scrape_failures_total", "Scrapes of the metrics source that failed.")
+SCRAPE_FAILURES = Counter(
+    "flotilla_health_scrape_failures_total",
+    "Readings of the metrics source (Prometheus, or the sim's /metrics) that failed or came back partial.",
+)
 DETECTIONS_DEFERRED = Counter(
     "flotilla_health_detections_deferred_total",
     "Samples whose detector change (a streak that starts or ends, an incident to open) was left to the next tick "
@@ -118,20 +123,22 @@ class Scraper:
 
     __name__ = "health_scrape"
 
-    def __init__(self, settings: HealthSettings, source: SimMetrics | None = None) -> None:
+    def __init__(self, settings: HealthSettings, source: MetricsSource) -> None:
         self._settings = settings
-        self._source = source or SimMetrics(
-            settings.sim_url,
-            timeout=settings.health_scrape_timeout_seconds,
-            default_environment=settings.health_default_environment,
-        )
+        self._source = source
+        self._opens = "metrics" in settings.health_open_from
+        self._alert_grace = timedelta(seconds=settings.health_alert_resolve_grace_seconds)
         self._rule = Hysteresis(settings.health_breach_scrapes, settings.health_clear_scrapes)
         self._interval = timedelta(seconds=settings.health_scrape_seconds)
         self._max_gap = max(3 * self._interval, timedelta(seconds=1))
         self._previous_tick: datetime | None = None
         self._detect_budget = max(settings.health_scrape_seconds, 1.0)  # seconds of a tick for the long way
         self._resume_from: tuple[str, str] | None = None  # the first sample the last tick left over
-        self._failing = False
+        self._failing: str | None = None  # why the last reading failed, while it does
+
+    def not_ready(self) -> str | None:
+        """Why the agent cannot see the estate now (readiness): its last reading failed."""
+        return None if self._failing is None else f"metrics source {self._source.name}: {self._failing}"
 
     def __call__(self, ctx: ServiceContext) -> None:
         with TICK_SECONDS.time():
@@ -143,14 +150,14 @@ class Scraper:
             samples = self._source.scrape()
         except ScrapeError as exc:
             SCRAPE_FAILURES.inc()
-            if not self._failing:
-                log.warning("cannot scrape metrics: %s", exc)
-            self._failing = True
+            if self._failing is None:
+                log.warning("cannot read the metrics (nothing is opened or decided until it can): %s", exc)
+            self._failing = str(exc)[:500]
             samples = None
         else:
-            if self._failing:
-                log.info("metrics scrape works again")
-            self._failing = False
+            if self._failing is not None:
+                log.info("the metrics can be read again")
+            self._failing = None
         now = ctx.now()  # once read: a slow scrape must not make its samples look older than they are
         # How long ago this agent last recorded a scrape: a slow tick (a storm) spaces every
         # service's samples out alike, and an agent killed, frozen or cut off from its
@@ -280,17 +287,8 @@ class Scraper:
     def _detect(self, ctx: ServiceContext, conn: psycopg.Connection[Any], sample: Sample, now: datetime) -> None:
         """One sample the long way, in a savepoint of ``conn``'s transaction: a failure
         undoes this service's changes only."""
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(
-                "INSERT INTO detector_state (environment, service, phase, breach_streak, healthy_streak) "
-                "VALUES (%s, %s, %s, 0, 0) ON CONFLICT DO NOTHING",
-                (sample.environment, sample.service, Phase.HEALTHY.value),
-            )
-            row = cur.execute(
-                "SELECT * FROM detector_state WHERE environment = %s AND service = %s FOR UPDATE",
-                sample.key,
-            ).fetchone()
-            assert row is not None
+        with conn.transaction():
+            row = incidents.lock_service(conn, sample.environment, sample.service)
             last = row["last_scraped_at"]
             if last is not None and now - last < self._interval / 2:
                 return  # another replica just counted this scrape
@@ -302,12 +300,14 @@ class Scraper:
             )
             incident = row["open_incident"]
             if change is Change.OPENED:
-                incident = self._open_incident(ctx, conn, sample, state, now)
+                # An alert may have opened the service's incident already: adopt it.
+                incident = incidents.open_incident_of(conn, *sample.key)
+                if incident is None and self._opens:
+                    incident = self._open_incident(ctx, conn, sample, state, now)
             elif change is Change.CLEARED and incident is not None:
-                cur.execute("UPDATE health_incidents SET cleared_at = %s WHERE incident_id = %s", (now, incident))
-                log.info("%s: breach of %s/%s is over", incident, sample.environment, sample.service)
+                incidents.clear(conn, incident, now, breaching=False)
                 incident = None
-            cur.execute(
+            conn.execute(
                 "UPDATE detector_state SET phase = %s, breach_streak = %s, healthy_streak = %s, "
                 "breach_started_at = %s, open_incident = %s, last_p95_ms = %s, threshold_ms = %s, "
                 "last_scraped_at = %s WHERE environment = %s AND service = %s",
@@ -327,48 +327,34 @@ class Scraper:
     def _open_incident(
         self, ctx: ServiceContext, conn: psycopg.Connection[Any], sample: Sample, state: DetectorState, now: datetime
     ) -> str:
-        number = conn.execute("SELECT nextval('incident_number')").fetchone()
-        assert number is not None
-        incident = f"incident-{number[0]}"
         started = state.breach_started_at or now
         window = max(1, math.ceil((now - started).total_seconds()))
-        topic = self._settings.incidents_topic
-        breach = ServiceLatencyIncreased(
-            incident_id=incident,
-            service=sample.service,
+
+        def breach(incident: str) -> Record:
+            return ServiceLatencyIncreased(
+                incident_id=incident,
+                service=sample.service,
+                environment=sample.environment,
+                p95_latency_ms=sample.p95_ms,
+                threshold_ms=sample.threshold_ms,
+                window_seconds=window,
+                observed_at=now,
+            )
+
+        opening = incidents.Opening(
             environment=sample.environment,
-            p95_latency_ms=sample.p95_ms,
-            threshold_ms=sample.threshold_ms,
-            window_seconds=window,
-            observed_at=now,
-        )
-        latency = ctx.emit(conn, breach, key=incident, correlation=incident, topic=topic)
-        request = DiagnosisRequested(
-            incident_id=incident,
             service=sample.service,
-            environment=sample.environment,
+            fact=breach,
             symptom=(
                 f"p95 {sample.p95_ms:.0f} ms against a {sample.threshold_ms:.0f} ms threshold "
-                f"for {window} s ({state.breach_streak} consecutive scrapes)"
+                f"for {window} s ({state.breach_streak} consecutive readings)"
             ),
-            trigger_event_id=latency.id,
-            requested_at=now,
+            signal="latency",
+            opened_by="metrics",
+            p95_ms=sample.p95_ms,
+            threshold_ms=sample.threshold_ms,
         )
-        diagnosis = ctx.emit(conn, request, key=incident, correlation=incident, cause=latency, topic=topic)
-        conn.execute(
-            "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
-            "latency_event_id, diagnosis_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            (incident, *sample.key, sample.p95_ms, sample.threshold_ms, now, latency.id, diagnosis.id),
-        )
-        INCIDENTS_OPENED.labels(sample.service).inc()
-        log.warning(
-            "%s opened: %s/%s p95 %.0f ms > %.0f ms",
-            incident,
-            sample.environment,
-            sample.service,
-            sample.p95_ms,
-            sample.threshold_ms,
-        )
+        incident, _ = incidents.open_incident(ctx, conn, opening, now=now, topic=self._settings.incidents_topic)
         return incident
 
     # --------------------------------------------------------- verification
@@ -397,7 +383,8 @@ class Scraper:
                 rows = cur.execute(
                     "SELECT * FROM verifications WHERE outcome IS NULL ORDER BY started_at FOR UPDATE SKIP LOCKED"
                 ).fetchall()
-                folded = [(row, self._fold(ctx, conn, row, samples, now, scraped, cadence)) for row in rows]
+                firing = incidents.firing_alerts(conn, {row["incident_id"] for row in rows})
+                folded = [(row, self._fold(ctx, conn, row, samples, now, scraped, cadence, firing)) for row in rows]
                 cur.executemany(_UPDATE_WINDOW, [update for _, (update, _) in folded])
         except psycopg.OperationalError:
             raise
@@ -424,7 +411,8 @@ class Scraper:
             ).fetchone()
             if row is None:
                 return  # decided meanwhile, or another replica holds it
-            update, outcome = self._fold(ctx, conn, row, samples, now, scraped, cadence)
+            firing = incidents.firing_alerts(conn, [row["incident_id"]])
+            update, outcome = self._fold(ctx, conn, row, samples, now, scraped, cadence, firing)
             cur.execute(_UPDATE_WINDOW, update)
         self._report(row, outcome)
 
@@ -437,10 +425,12 @@ class Scraper:
         now: datetime,
         scraped: bool,
         cadence: timedelta,
+        firing: Mapping[str, str],
     ) -> tuple[dict[str, Any], Outcome | None]:
         """Fold this tick's sample into the locked window ``row``; emit its outcome once
         decided. Returns the row's update (for ``_UPDATE_WINDOW``) and the outcome;
-        ``cadence``: how far apart this agent's ticks are now (see verification.py)."""
+        ``cadence``: how far apart this agent's ticks are now (see verification.py);
+        ``firing``: incident -> an alert about it still firing."""
         window = Window(
             started_at=row["started_at"],
             length=timedelta(seconds=row["window_seconds"]),
@@ -461,6 +451,8 @@ class Scraper:
                 at=now,
                 max_gap=self._max_gap,
                 cadence=cadence,
+                firing_alert=firing.get(row["incident_id"]),
+                alert_grace=self._alert_grace,
             )
         event_id = None if outcome is None else self._emit_outcome(ctx, conn, row, window, outcome, now)
         update = {

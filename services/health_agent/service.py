@@ -1,7 +1,10 @@
 """The health agent as a :class:`flotilla.runner.ServiceSpec`.
 
-- periodic (every ``FLOTILLA_HEALTH_SCRAPE_SECONDS``): :class:`.scrape.Scraper` — scrape
-  the sim, detect breaches with hysteresis, open incidents, decide verification windows;
+- periodic (every ``FLOTILLA_HEALTH_SCRAPE_SECONDS``): :class:`.scrape.Scraper` — read
+  every watched service's latency (Prometheus, :mod:`.metrics_source`), detect breaches
+  with hysteresis, open incidents, decide verification windows;
+- HTTP: Alertmanager's webhook, ``POST /alerts`` (:mod:`.alerts`, :mod:`.api`), and
+  ``GET /alerts``; ``/readyz`` says not ready while the latency cannot be read;
 - consumed (``incidents``, through the runtime's loop, following the incident workflow):
   RecoveryProposed (learn the plan's steps) and RecoveryExecuted (count them; open the
   verification window after the last one) — see :mod:`.handlers`.
@@ -9,25 +12,60 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from flotilla import ServiceSpec
+from fastapi import FastAPI
+
+from flotilla import ServiceContext, ServiceSpec
+from services.health_agent.alerts import Intake
+from services.health_agent.api import install_routes
 from services.health_agent.handlers import make_handlers
-from services.health_agent.metrics_source import SimMetrics
+from services.health_agent.metrics_source import MetricsSource, PromQLMetrics, SimMetrics
 from services.health_agent.scrape import Scraper
 from services.health_agent.settings import HealthSettings
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
+log = logging.getLogger(__name__)
 
-def build_spec(settings: HealthSettings | None = None, source: SimMetrics | None = None) -> ServiceSpec:
+
+def metrics_source(settings: HealthSettings) -> MetricsSource:
+    if settings.health_source == "scrape":
+        return SimMetrics(
+            settings.sim_url,
+            timeout=settings.health_scrape_timeout_seconds,
+            default_environment=settings.estate_default_environment,
+        )
+    return PromQLMetrics(settings.evidence())
+
+
+def build_spec(settings: HealthSettings | None = None, source: MetricsSource | None = None) -> ServiceSpec:
     settings = settings or HealthSettings.load()
+    scraper = Scraper(settings, source or metrics_source(settings))
+    intake = Intake(
+        service_labels=settings.alert_service_labels,
+        environment_labels=settings.alert_environment_labels,
+        default_environment=settings.estate_default_environment,
+        catalogue=settings.catalogue(),
+        opens="alerts" in settings.health_open_from,
+        topic=settings.incidents_topic,
+    )
+    senders, demo = settings.alert_senders()
+    if demo:
+        log.warning("the alert webhook takes the public demo token (FLOTILLA_PROFILE=demo): set FLOTILLA_ALERT_TOKENS")
+
+    def routes(app: FastAPI, ctx: ServiceContext) -> None:
+        install_routes(app, ctx, intake, senders)
+
     return ServiceSpec(
         name=settings.service_name,
         database=settings.service_database,
         topics=(settings.incidents_topic,),
-        handlers=make_handlers(settings.health_verify_seconds),
+        handlers=make_handlers(settings.health_verify_seconds, settings.metrics_lag_seconds()),
         migrations=MIGRATIONS,
-        periodic=((settings.health_scrape_seconds, Scraper(settings, source)),),
+        periodic=((settings.health_scrape_seconds, scraper),),
+        routes=routes,
         emits=(settings.incidents_topic,),
+        not_ready=scraper.not_ready,
     )

@@ -8,6 +8,10 @@ After the last step of a proposal ran, the window opens (``started_at``, length 
 - **failed** when a scrape at or after the end of the window (``started_at + W``) still
   breaches: the service did not recover in the time it was given. A breach *inside* the
   window only restarts the healthy run — the fix may take a moment to bite;
+- an Alertmanager alert about the incident still firing counts as a breach too (an
+  incident an error-rate alert opened is not over because its latency is fine), except
+  that it fails the recovery only once it still fires ``alert_grace`` after the window's
+  end: Alertmanager reports a resolution only after its rule and group interval;
 - **unverifiable** when neither happened by ``3W`` after the agent first looked at the
   window (``watched_from``; its start, unless a long tick delayed that look) — no
   samples of the service arrived, or gaps between them kept breaking the healthy run:
@@ -85,8 +89,11 @@ def observe(
     at: datetime,
     max_gap: timedelta,
     cadence: timedelta = timedelta(0),
+    firing_alert: str | None = None,
+    alert_grace: timedelta = timedelta(0),
 ) -> tuple[Window, Outcome | None]:
-    """Fold one sample into the window; an Outcome when the verification is decided."""
+    """Fold one sample into the window; an Outcome when the verification is decided.
+    ``firing_alert``: the name of an alert about the incident that still fires."""
     if at < window.started_at:
         return window, None  # taken before the last step ran: says nothing about it
     window = _looked(window, at)
@@ -102,13 +109,18 @@ def observe(
             # against the recovery's time.
             window = replace(window, watched_from=(window.watched_from or window.started_at) + gap)
     window = replace(window, last_sample_at=at)
-    if is_breaching(p95_ms, threshold_ms):
+    breaching = is_breaching(p95_ms, threshold_ms)
+    if breaching or firing_alert is not None:
         window = replace(window, run_started_at=None, run_max_p95=None)
-        if at >= window.ends_at:
+        if breaching and at >= window.ends_at:
             reason = (
                 f"p95 {p95_ms:.0f} ms is still above the {threshold_ms:.0f} ms threshold "
                 f"{window.length.total_seconds():g} s after the recovery ran"
             )
+            return window, Outcome(Verdict.FAILED, p95_ms, threshold_ms, reason)
+        if firing_alert is not None and at >= window.ends_at + alert_grace:
+            waited = (window.length + alert_grace).total_seconds()
+            reason = f"alert {firing_alert} about the incident is still firing {waited:g} s after the recovery ran"
             return window, Outcome(Verdict.FAILED, p95_ms, threshold_ms, reason)
         return window, None
     if run_start is None:

@@ -218,6 +218,9 @@ def health(stack: StackSettings, topics: None, sim: FakeSim) -> Iterator[tuple[S
         service_name=f"it-health-{RUN}",
         service_database=HEALTH_DB,
         incidents_topic=TOPIC,
+        # the direct scrape of a scripted /metrics: this module drives detection and
+        # verification tick by tick (the Prometheus path: tests/e2e/test_estate.py)
+        health_source="scrape",
         sim_url=sim.url,
         health_scrape_seconds=0.05,
         health_breach_scrapes=3,

@@ -353,6 +353,143 @@ def test_parse_refuses_what_is_not_prometheus_text() -> None:
         parse("{not: prometheus", "production")
 
 
+def test_an_alert_still_firing_keeps_a_healthy_run_from_completing() -> None:
+    """An error-rate alert opened the incident; its latency was fine all along."""
+    window = Window(started_at=T0, length=W)
+    grace = timedelta(seconds=10)
+    for s in range(0, 15):
+        window, outcome = observe_window(
+            window,
+            p95_ms=200,
+            threshold_ms=500,
+            at=T0 + timedelta(seconds=s),
+            max_gap=GAP,
+            firing_alert="HighErrorRate",
+            alert_grace=grace,
+        )
+        assert outcome is None  # not failed until W + grace, never completed while it fires
+    window, outcome = observe_window(
+        window, p95_ms=200, threshold_ms=500, at=T0 + W + grace, max_gap=GAP, firing_alert="HighErrorRate",
+        alert_grace=grace,
+    )  # fmt: skip
+    assert outcome is not None and outcome.verdict is Verdict.FAILED
+    assert "HighErrorRate" in outcome.reason and "still firing 15 s" in outcome.reason
+
+
+def test_a_resolved_alert_lets_the_healthy_run_complete() -> None:
+    window = Window(started_at=T0, length=W)
+    for s in range(0, 3):
+        window, outcome = observe_window(
+            window, p95_ms=200, threshold_ms=500, at=T0 + timedelta(seconds=s), max_gap=GAP, firing_alert="Errors"
+        )
+        assert outcome is None
+    verdicts = []
+    for s in range(3, 9):
+        window, outcome = observe_window(
+            window, p95_ms=200, threshold_ms=500, at=T0 + timedelta(seconds=s), max_gap=GAP
+        )
+        verdicts.append(None if outcome is None else outcome.verdict)
+    assert verdicts == [None] * 5 + [Verdict.COMPLETED]  # W of healthy readings after the resolution
+
+
+def test_alert_payloads_are_alertmanagers_version_4() -> None:
+    from pydantic import ValidationError
+
+    from services.health_agent.alerts import Notification
+
+    good = {
+        "version": "4",
+        "status": "firing",
+        "receiver": "flotilla",
+        "groupKey": '{}:{alertname="X"}',
+        "truncatedAlerts": 0,
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [
+            {
+                "status": "resolved",
+                "labels": {"alertname": "ServiceLatencyHigh", "service_name": "checkout-api"},
+                "annotations": {"summary": "slow"},
+                "startsAt": "2026-12-06T12:00:00Z",
+                "endsAt": "2026-12-06T12:05:00Z",
+                "generatorURL": "http://prometheus/graph",
+                "fingerprint": "c0ffee",
+            },
+            {
+                "status": "firing",
+                "labels": {"alertname": "ServiceLatencyHigh", "service_name": "checkout-api"},
+                "annotations": {},
+                "startsAt": "2026-12-06T12:10:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": "c0ffee",
+            },
+        ],
+    }
+    parsed = Notification.model_validate(good)
+    assert [a.ended for a in parsed.alerts] == [datetime(2026, 12, 6, 12, 5, tzinfo=UTC), None]
+    for broken in (
+        {**good, "version": "3"},
+        {**good, "alerts": [{**good["alerts"][0], "labels": {"service_name": "x"}}]},  # no alertname
+        {**good, "alerts": [{**good["alerts"][0], "status": "pending"}]},
+        {**good, "alerts": [{**good["alerts"][0], "fingerprint": ""}]},
+        {**good, "alerts": [{**good["alerts"][0], "labels": {"alertname": "X", "n": 5}}]},  # labels are strings
+        {**good, "alerts": "all of them"},
+    ):
+        with pytest.raises(ValidationError):
+            Notification.model_validate(broken)
+
+
+@pytest.mark.parametrize(
+    ("labels", "signal"),
+    [
+        ({"alertname": "ServiceLatencyHigh"}, "latency"),
+        ({"alertname": "HighErrorRate"}, "errors"),
+        ({"alertname": "KubePodCrashLooping"}, "availability"),
+        ({"alertname": "CPUThrottlingHigh"}, "saturation"),
+        ({"alertname": "UpstreamTimeouts"}, "dependency"),
+        ({"alertname": "Watchdog"}, "other"),
+        ({"alertname": "HighErrorRate", "signal": "Latency"}, "latency"),  # the label wins
+        ({"alertname": "HighErrorRate", "signal": "bogus"}, "errors"),
+    ],
+)
+def test_the_kind_of_signal_comes_from_the_label_else_the_name(labels: dict[str, str], signal: str) -> None:
+    from services.health_agent.alerts import signal_of
+
+    assert signal_of(labels) == signal
+
+
+def test_alert_senders_are_token_digests(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from flotilla.bearer import token_digest
+    from services.health_agent.settings import HealthSettings
+
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    monkeypatch.setenv("FLOTILLA_ALERT_TOKENS", f'[{{"name": "alertmanager", "sha256": "{token_digest("tok")}"}}]')
+    senders, demo = HealthSettings.load().alert_senders()
+    assert not demo
+    found = senders.authenticate("Bearer tok")
+    assert found is not None and found.name == "alertmanager"
+    assert senders.authenticate("Bearer other") is None and senders.authenticate(None) is None
+    monkeypatch.setenv("FLOTILLA_ALERT_TOKENS", "[]")
+    with pytest.raises(ValueError, match="names no sender"):
+        HealthSettings.load().alert_senders()
+    monkeypatch.delenv("FLOTILLA_ALERT_TOKENS")
+    from flotilla.settings import MissingCredentials
+
+    with pytest.raises(MissingCredentials):  # production profile: no default sender
+        HealthSettings.load().alert_senders()
+    monkeypatch.setenv("FLOTILLA_HEALTH_OPEN_FROM", "alerts")
+    assert HealthSettings.load().health_open_from == frozenset({"alerts"})
+    monkeypatch.setenv("FLOTILLA_PROMQL_WINDOW", "30s")
+    assert HealthSettings.load().metrics_lag_seconds() == 30.0
+    monkeypatch.setenv("FLOTILLA_HEALTH_SOURCE", "scrape")
+    assert HealthSettings.load().metrics_lag_seconds() == 0.0
+
+
 def test_settings_come_from_flotilla_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from services.health_agent.settings import HealthSettings
 

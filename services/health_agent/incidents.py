@@ -1,0 +1,143 @@
+"""One open incident per service, whoever notices first: the agent's own reading or an alert.
+
+Both ways in lock the service's detector row first (:func:`lock_service`), so a breach
+the agent reads and an alert Alertmanager delivers for the same service serialize: the
+second finds the first's incident open (:func:`open_incident_of`) and joins it instead of
+opening another. A partial unique index (one open incident per environment and service)
+backs this up whatever the code does.
+
+An incident is *cleared* (the service may get a new one) only when nothing holds it
+open: neither a breach the agent reads nor an alert still firing (:func:`clear`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from prometheus_client import Counter
+from psycopg.rows import dict_row
+
+from flotilla import Envelope, Record, ServiceContext
+from flotilla.records import AlertRef, DiagnosisRequested
+
+log = logging.getLogger(__name__)
+
+INCIDENTS_OPENED = Counter(
+    "flotilla_health_incidents_opened_total", "Incidents opened by the health agent.", ["service"]
+)
+
+OpenedBy = Literal["metrics", "alert"]
+
+
+def lock_service(conn: psycopg.Connection[Any], environment: str, service: str) -> dict[str, Any]:
+    """The service's detector row, made if missing and locked for this transaction."""
+    conn.execute(
+        "INSERT INTO detector_state (environment, service, phase, breach_streak, healthy_streak) "
+        "VALUES (%s, %s, 'healthy', 0, 0) ON CONFLICT DO NOTHING",
+        (environment, service),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            "SELECT * FROM detector_state WHERE environment = %s AND service = %s FOR UPDATE", (environment, service)
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def open_incident_of(conn: psycopg.Connection[Any], environment: str, service: str) -> str | None:
+    row = conn.execute(
+        "SELECT incident_id FROM health_incidents WHERE environment = %s AND service = %s AND cleared_at IS NULL",
+        (environment, service),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What opens an incident: the first fact (built once its id is known), and what the
+    diagnosis request says about it."""
+
+    environment: str
+    service: str
+    fact: Callable[[str], Record]  # incident id -> ServiceLatencyIncreased / ServiceDegraded
+    symptom: str
+    signal: str
+    opened_by: OpenedBy
+    p95_ms: float | None = None
+    threshold_ms: float | None = None
+    alert: AlertRef | None = None
+
+
+def open_incident(
+    ctx: ServiceContext, conn: psycopg.Connection[Any], opening: Opening, *, now: datetime, topic: str
+) -> tuple[str, Envelope]:
+    """A new incident, in the caller's transaction (holding the service's lock): the fact,
+    then DiagnosisRequested caused by it, then the incident's row. Returns its id and the
+    request's envelope."""
+    number = conn.execute("SELECT nextval('incident_number')").fetchone()
+    assert number is not None
+    incident = f"incident-{number[0]}"
+    fact = ctx.emit(conn, opening.fact(incident), key=incident, correlation=incident, topic=topic)
+    request = DiagnosisRequested(
+        incident_id=incident,
+        service=opening.service,
+        environment=opening.environment,
+        symptom=opening.symptom,
+        signal=opening.signal,
+        alert=opening.alert,
+        trigger_event_id=fact.id,
+        requested_at=now,
+    )
+    diagnosis = ctx.emit(conn, request, key=incident, correlation=incident, cause=fact, topic=topic)
+    conn.execute(
+        "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
+        "latency_event_id, diagnosis_event_id, opened_by, signal) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            incident,
+            opening.environment,
+            opening.service,
+            opening.p95_ms,
+            opening.threshold_ms,
+            now,
+            fact.id,
+            diagnosis.id,
+            opening.opened_by,
+            opening.signal,
+        ),
+    )
+    INCIDENTS_OPENED.labels(opening.service).inc()
+    log.warning(
+        "%s opened by %s: %s/%s: %s", incident, opening.opened_by, opening.environment, opening.service, opening.symptom
+    )
+    return incident, diagnosis
+
+
+def clear(conn: psycopg.Connection[Any], incident: str, now: datetime, *, breaching: bool) -> bool:
+    """End ``incident``'s hold on its service unless something still holds it: the agent's
+    reading (``breaching``) or an alert about it still firing. True when cleared."""
+    if breaching:
+        return False
+    row = conn.execute(
+        "UPDATE health_incidents SET cleared_at = %s WHERE incident_id = %s AND cleared_at IS NULL "
+        "AND NOT EXISTS (SELECT 1 FROM alerts WHERE alerts.incident_id = %s AND status = 'firing') "
+        "RETURNING environment, service",
+        (now, incident, incident),
+    ).fetchone()
+    if row is not None:
+        log.info("%s: the trouble with %s/%s is over", incident, row[0], row[1])
+    return row is not None
+
+
+def firing_alerts(conn: psycopg.Connection[Any], incidents: Iterable[str]) -> dict[str, str]:
+    """For each of ``incidents`` with an alert still firing, that alert's name."""
+    rows = conn.execute(
+        "SELECT incident_id, min(alert_name) FROM alerts WHERE status = 'firing' AND incident_id = ANY(%s) "
+        "GROUP BY incident_id",
+        (list(incidents),),
+    ).fetchall()
+    return {str(incident): str(name) for incident, name in rows}
