@@ -198,6 +198,7 @@ def main() -> None:
             **os.environ,
             **STORM_SETTINGS,
             "FLOTILLA_SIM_SERVICES": str(2 * max(*sizes, args.warmup, 10)),
+            "FLOTILLA_ESTATE_CATALOGUE_FILE": "",  # a generated estate: no catalogue
             "FLOTILLA_FLEET_REPLICAS": str(replicas),
         }
         fleet("down", env)

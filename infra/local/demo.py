@@ -2,8 +2,11 @@
 
 Injects a fault into the sim (payments-api slows down, so checkout-api's p95 climbs),
 then follows the incident on Kafka and prints each fact as it lands, with the time
-since the fault. At HumanApprovalRequired it prints the exact command that approves
-the proposal (or approves by itself with DEMO_AUTO_APPROVE=1). It ends when the
+since the fault. The fleet sees the sim only as an estate is seen: the health agent reads
+Prometheus (which scrapes the sim) and takes Alertmanager's alerts (from Prometheus'
+rule on the same latency); whichever comes first opens the incident, the other joins it,
+and the demo says which opened it and which alert fired. At HumanApprovalRequired it
+prints the exact command that approves the proposal (or approves by itself with DEMO_AUTO_APPROVE=1). It ends when the
 health agent verifies the recovery, then asks the audit service to verify its hash
 chain and signatures. Exit code 0 only for a verified recovery and a verified chain.
 """
@@ -37,11 +40,14 @@ POLICY_URL = os.environ.get("FLOTILLA_POLICY_URL", url(POLICY))
 AUDIT_URL = os.environ.get("FLOTILLA_AUDIT_URL", url(AUDIT))
 
 SUCCESS = "RecoveryCompleted"
+OPENING = {"ServiceLatencyIncreased", "ServiceDegraded"}  # what opens an incident
 FAILURE = {"RecoveryFailed", "IncidentEscalated", "CommandDenied", "ApprovalExpired", "RecoveryRejected"}
 
 # What to show of each record: the fields that tell the story.
 SHOWN = {
     "ServiceLatencyIncreased": ("service", "p95LatencyMs", "thresholdMs"),
+    "ServiceDegraded": ("service", "signal", "summary"),
+    "AlertObserved": ("service", "signal"),
     "DiagnosisRequested": ("service", "symptom"),
     "DiagnosticJobStarted": ("jobId", "jobKind"),
     "DependencyFailureSuspected": ("suspectedDependency", "failureMode"),
@@ -85,7 +91,18 @@ def summary(kind: str, value: dict[str, Any]) -> str:
     if kind == "RecoveryProposed":
         steps = value.get("steps") or []
         parts.insert(0, f"steps={[s.get('idempotencyKey') for s in steps]}")
+    alert = value.get("alert")
+    if isinstance(alert, dict):  # Alertmanager's alert, as the health agent received it
+        status, fingerprint = alert.get("status"), alert.get("fingerprint")
+        parts.insert(0, f"alert={alert.get('alertName')} ({status}, fingerprint {fingerprint})")
     return " ".join(parts)
+
+
+def opened_by(kind: str, value: dict[str, Any]) -> str:
+    if kind == "ServiceDegraded":
+        alert = value.get("alert") or {}
+        return f"opened by Alertmanager's alert {alert.get('alertName')} (from Prometheus' rule)"
+    return "opened by the health agent's own reading of Prometheus (PromQL p95 against the threshold)"
 
 
 def approve_command(proposal: str, digest: str) -> str:
@@ -118,13 +135,15 @@ def main() -> int:
         kind = decoded.record_name.rsplit(".", 1)[-1]
         value = decoded.value
         if incident is None:
-            if kind != "ServiceLatencyIncreased" or value.get("service") != SERVICE:
+            if kind not in OPENING or value.get("service") != SERVICE:
                 continue
             incident = envelope.correlationid
         if envelope.correlationid != incident:
             continue
         elapsed = time.monotonic() - started
         print(f"[{elapsed:7.2f}s] {msg.topic():<9} {kind:<27} {summary(kind, value)}", flush=True)
+        if kind in OPENING:
+            print(f"{'':10} {incident} {opened_by(kind, value)}")
         if kind == "HumanApprovalRequired":
             command = approve_command(str(value["proposalId"]), str(value["digest"]))
             if AUTO_APPROVE:

@@ -17,7 +17,10 @@ the first time ``up`` runs and reused ever after, and each member gets only what
 - the remediation agent's proposal-signing key (``proposal-signing-key.pem``): only the
   agent holds the file; the policy service gets its public key;
 - the audit's chain-signing key (``.stack/audit/signing-key.pem``, where it always was):
-  only the audit holds it, and its public key is the one key ``/verify`` trusts.
+  only the audit holds it, and its public key is the one key ``/verify`` trusts;
+- the digest of the token the stack's Alertmanager presents to the health agent's
+  webhook (``FLOTILLA_ALERT_TOKENS``; the token itself is the stack's, in
+  ``alert-webhook-token``, and only Alertmanager reads it).
 
 ``sim-token-file`` and ``secrets-dir`` print where they are, for tests that act as a member.
 
@@ -36,8 +39,6 @@ import json
 import logging
 import os
 import pwd
-import secrets
-import stat
 import subprocess
 import sys
 import time
@@ -49,7 +50,20 @@ import stackctl  # same folder: run as a script, its folder is on sys.path
 from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 
 from flotilla import stackcheck
-from flotilla.fleet import AUDIT, CONSOLE, DLQ_RECONCILER, EXECUTOR, FLEET, POLICY, REMEDIATION, SIM, Member, url
+from flotilla.bearer import token_digest
+from flotilla.fleet import (
+    AUDIT,
+    CONSOLE,
+    DLQ_RECONCILER,
+    EXECUTOR,
+    FLEET,
+    HEALTH,
+    POLICY,
+    REMEDIATION,
+    SIM,
+    Member,
+    url,
+)
 from flotilla.keys import KeyMaterialError, load_or_create, public_key_text
 from flotilla.settings import load_settings
 
@@ -78,6 +92,7 @@ FLEET_SECRET_SETTINGS = frozenset(
         "FLOTILLA_PROPOSAL_PUBLIC_KEYS",
         "FLOTILLA_AUDIT_SIGNING_KEY_FILE",
         "FLOTILLA_AUDIT_PUBLIC_KEYS",
+        "FLOTILLA_ALERT_TOKENS",
     }
 )
 
@@ -93,6 +108,7 @@ class FleetSecrets:
     proposal_public: str
     audit_key: Path  # the audit's private key (file): the hash chain's signatures
     audit_public: str
+    alert_sender: str  # the digest of the token the stack's Alertmanager presents
 
     @classmethod
     def ensure(cls) -> FleetSecrets:
@@ -116,6 +132,9 @@ class FleetSecrets:
             proposal_public=keys[PROPOSAL_KEY_FILE],
             audit_key=AUDIT_KEY_FILE,
             audit_public=keys[AUDIT_KEY_FILE],
+            alert_sender=token_digest(
+                stackctl.ensure_private_token(stackctl.ALERT_WEBHOOK_TOKEN_FILE, what="the alert webhook's token")
+            ),
         )
 
     def for_member(self, member: Member) -> dict[str, str]:
@@ -133,6 +152,8 @@ class FleetSecrets:
         if member is AUDIT:
             env["FLOTILLA_AUDIT_SIGNING_KEY_FILE"] = str(self.audit_key)
             env["FLOTILLA_AUDIT_PUBLIC_KEYS"] = json.dumps([self.audit_public])
+        if member is HEALTH:
+            env["FLOTILLA_ALERT_TOKENS"] = json.dumps([{"name": "alertmanager", "sha256": self.alert_sender}])
         return env
 
 
@@ -206,28 +227,9 @@ def instances(counts: dict[str, int] | None = None) -> list[Instance]:
 
 
 def sim_action_token(path: Path = SIM_ACTION_TOKEN_FILE) -> str:
-    """The local fleet's sim action token: 32 random bytes, made once and then reused, so
-    a member restarted alone still holds the token its peer has. Mode 0600 in a 0700
-    folder: other users of the machine can reach the loopback sim, but not read this."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            raise StackError(
-                f"{path} is readable by other users (mode {mode:o}): delete it (a new token is made on `up`) "
-                "or chmod 600 it if nobody else can have read it"
-            ) from None
-        token = path.read_text().strip()
-        if not token:
-            raise StackError(f"{path} is empty: delete it and `up` makes a new token") from None
-        return token
-    token = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as out:
-        out.write(token + "\n")
-    _say(f"generated the sim's action token in {path}")
-    return token
+    """The local fleet's sim action token, made once and reused (stackctl.ensure_private_token):
+    a member restarted alone still holds the token its peer has."""
+    return stackctl.ensure_private_token(path, what="the sim's action token", say=_say)
 
 
 def member_env(member: Member, fleet_secrets: FleetSecrets, index: int = 0) -> dict[str, str]:

@@ -1,12 +1,13 @@
 """Bring the local stack up and down without Docker.
 
-The local stack is the same four components `docker-compose.yml` runs from images —
+The local stack is the same components `docker-compose.yml` runs from images —
 PostgreSQL (logical WAL), a KRaft Kafka broker, Kafka Connect with the Debezium
-PostgreSQL connector, and Apicurio Registry (Confluent-compatible API, PostgreSQL
-storage) — run as plain processes under supervisord. The JVM parts come from Maven
-Central (``infra/local/pom.xml``), PostgreSQL from Debian's packages; our own Kafka
-Connect transforms (``infra/connect-transforms``) are built with Maven into a plugin
-folder beside Debezium's, again whenever their sources change.
+PostgreSQL connector, Apicurio Registry (Confluent-compatible API, PostgreSQL
+storage), Prometheus and Alertmanager — run as plain processes under supervisord. The
+JVM parts come from Maven Central (``infra/local/pom.xml``), PostgreSQL, Prometheus and
+Alertmanager from Debian's packages; our own Kafka Connect transforms
+(``infra/connect-transforms``) are built with Maven into a plugin folder beside
+Debezium's, again whenever their sources change.
 
 Usage::
 
@@ -28,8 +29,12 @@ import hashlib
 import json
 import os
 import pwd
+import re
+import secrets
 import shutil
 import socket
+import stat
+import string
 import subprocess
 import sys
 import time
@@ -53,6 +58,8 @@ DATA = STACK_HOME / "data"
 LOGS = STACK_HOME / "logs"
 RUN = STACK_HOME / "run"
 ENV_FILE = STACK_HOME / "stack.env"
+# Private files (0600 in a 0700 folder): the stack's alert webhook token, the fleet's keys.
+SECRETS = STACK_HOME / "secrets"
 # Connect's plugin.path: one folder per plugin (Debezium's unpacked archive).
 CONNECT_PLUGINS = DIST / "connect-plugins"
 # Our own Kafka Connect classes (a Maven module: the outbox connector, which extends
@@ -92,6 +99,20 @@ GLOBAL_COMPATIBILITY = "BACKWARD"
 # record holds one JSON line per abort (the chaos soak counts them).
 TXN_WATCHDOG = "txn-watchdog"
 TXN_WATCHDOG_RECORD = RUN / "hanging-transactions.jsonl"
+
+# Prometheus and Alertmanager: Debian's packages (bookworm: 2.42 and 0.25), run with
+# configs rendered from the templates beside this file.
+PROMETHEUS_BIN = Path("/usr/bin/prometheus")
+ALERTMANAGER_BIN = Path("/usr/bin/prometheus-alertmanager")
+# Debian package -> the binary it brings (and the init script / unit it ships, same name).
+OBSERVER_PACKAGES = {"prometheus": PROMETHEUS_BIN, "prometheus-alertmanager": ALERTMANAGER_BIN}
+PROMETHEUS_TEMPLATE = LOCAL_DIR / "prometheus.yml.template"
+ALERTMANAGER_TEMPLATE = LOCAL_DIR / "alertmanager.yml.template"
+# The alerting rules, loaded from the checkout so an edit needs only a reload (POST /-/reload).
+ESTATE_RULES = REPO_ROOT / "infra" / "observability" / "prometheus" / "rules" / "estate.yml"
+# Alertmanager presents it to the health agent's /alerts; the agent finds it through the env file.
+ALERT_WEBHOOK_TOKEN_FILE = SECRETS / "alert-webhook-token"
+ALERT_RECEIVER = "flotilla-health-agent"
 
 UP_TIMEOUT_S = float(os.environ.get("FLOTILLA_STACK_TIMEOUT", "240"))
 
@@ -226,6 +247,8 @@ PORT_ENV = {
     "registry": "FLOTILLA_REGISTRY_PORT",
     "registry-management": "FLOTILLA_REGISTRY_MANAGEMENT_PORT",
     "connect": "FLOTILLA_CONNECT_PORT",
+    "prometheus": "FLOTILLA_PROMETHEUS_PORT",
+    "alertmanager": "FLOTILLA_ALERTMANAGER_PORT",
 }
 DEFAULT_PORTS = {
     "postgres": 55432,
@@ -236,6 +259,9 @@ DEFAULT_PORTS = {
     # default); pin it to loopback and to our own range.
     "registry-management": 18091,
     "connect": 18083,
+    # Not Debian's 9090/9093: those belong to any Prometheus the machine runs already.
+    "prometheus": 18120,
+    "alertmanager": 18121,
 }
 
 
@@ -260,7 +286,32 @@ def stack_env() -> dict[str, str]:
         "FLOTILLA_PG_PASSWORD": PG_PASSWORD,
         "FLOTILLA_PG_DATABASE": "flotilla",
         "FLOTILLA_PG_DSN": f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{PORTS['postgres']}/flotilla",
+        "FLOTILLA_PROMETHEUS_URL": f"http://{HOST}:{PORTS['prometheus']}",
+        "FLOTILLA_ALERTMANAGER_URL": f"http://{HOST}:{PORTS['alertmanager']}",
+        # The token Alertmanager's webhook presents (the fleet gives the health agent its
+        # digest; tests that act as Alertmanager read it here).
+        "FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE": str(ALERT_WEBHOOK_TOKEN_FILE),
     }
+
+
+# How the agents read the local estate (the sim, as this stack's Prometheus sees it), in the
+# env file beside the connection settings (not in the stack's own processes' environment:
+# supervisord cannot carry the query's quotes, and they have no use for it): its
+# timings (a 1 s scrape, so a 5 s rate window; a reading covers up to 6 s before it), a
+# short history, the sim's worker-pool gauges for utilization (an estate's own override of
+# a reading that has no convention), and the catalogue of its default estate.
+LOCAL_ESTATE = {
+    "FLOTILLA_PROMQL_WINDOW": "5s",
+    "FLOTILLA_HEALTH_METRICS_LAG_SECONDS": "6",
+    "FLOTILLA_HEALTH_ALERT_RESOLVE_GRACE_SECONDS": "15",
+    "FLOTILLA_EVIDENCE_LOOKBACK_SECONDS": "120",
+    "FLOTILLA_EVIDENCE_STEP_SECONDS": "5",
+    "FLOTILLA_PROMQL_UTILIZATION": (
+        'sum by (service_name, deployment_environment_name) (http_server_active_requests{service_name=~"$services"})'
+        ' / sum by (service_name, deployment_environment_name) (worker_pool_slots{service_name=~"$services"})'
+    ),
+    "FLOTILLA_ESTATE_CATALOGUE_FILE": str(LOCAL_DIR / "estate.yaml"),
+}
 
 
 # --------------------------------------------------------------------------- tools
@@ -280,6 +331,60 @@ def _run(cmd: list[str], *, what: str, log: Path | None = None, **kw: object) ->
         where = f" (full output in {log})" if log else ""
         raise StackError(f"{what} failed{where}: " + " | ".join(detail))
     return str(proc.stdout)
+
+
+def ensure_private_token(path: Path, *, what: str, say: Callable[[str], None] = _say) -> str:
+    """The token in ``path``, made the first time (32 random bytes, URL-safe) and reused
+    after, so a process restarted alone still holds what its peer holds. Mode 0600 in a
+    0700 folder: other users of the machine reach our loopback ports but cannot read it,
+    and a file they could read is refused rather than trusted."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise StackError(
+                f"{path} is readable by other users (mode {mode:o}): delete it (`up` makes a new one) "
+                "or chmod 600 it if nobody else can have read it"
+            ) from None
+        token = path.read_text().strip()
+        if not token:
+            raise StackError(f"{path} is empty: delete it and `up` makes a new one") from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    say(f"generated {what} in {path}")
+    return token
+
+
+def _apt_install(packages: list[str]) -> None:
+    """Install Debian packages (root only); apt's output lands in .stack/logs/apt.log on failure."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-q"], what="apt-get update", env=env, log=LOGS / "apt.log")
+    _run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        what=f"apt-get install {' '.join(packages)}",
+        env=env,
+        log=LOGS / "apt.log",
+    )
+
+
+def short_version(text: str) -> str:
+    """``prometheus, version 2.42.0+ds (branch: …)`` → ``prometheus 2.42.0+ds``: the first line
+    of a Prometheus-style ``--version``, cut to what a status line has room for."""
+    lines = text.strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    match = re.match(r"([^\s,]+), version (\S+)", first)
+    if match:
+        return f"{match.group(1)} {match.group(2)}"
+    return first[:40] or "?"
+
+
+def _binary_version(binary: Path) -> str:
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=10)
+    return short_version(proc.stdout or proc.stderr)  # kingpin printed it on stderr in older releases
 
 
 def _java_major(java: Path) -> int | None:
@@ -327,20 +432,57 @@ def _pg_bindir() -> Path:
             "installing them needs root: run `sudo apt-get install -y postgresql`."
         )
     _say("PostgreSQL server not found: installing Debian's postgresql package")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(["apt-get", "update", "-q"], what="apt-get update", env=env, log=LOGS / "apt.log")
-    _run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"],
-        what="apt-get install postgresql",
-        env=env,
-        log=LOGS / "apt.log",
-    )
+    _apt_install(["postgresql"])
     # The package starts its own cluster on 5432; ours runs separately, so stop it.
     subprocess.run(["service", "postgresql", "stop"], capture_output=True)
     roots = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), reverse=True)
     if not roots:
         raise StackError("apt-get installed postgresql but no server binary appeared")
     return roots[0].parent
+
+
+def _observer_binaries() -> None:
+    """Prometheus and Alertmanager from Debian's packages, installing those missing (as root).
+
+    What the packages do on install (bookworm; prometheus 2.42.0+ds-5+deb12u1 and
+    prometheus-alertmanager 0.25.0-1+b4, read from their maintainer scripts): postinst adds a
+    ``prometheus`` system user that owns /var/lib/prometheus/*, then starts the packaged
+    daemon with Debian's defaults, listening on every interface (9090; 9093 plus the
+    cluster port 9094): under systemd it enables and starts the unit (deb-systemd-invoke),
+    otherwise it registers and starts the init script (invoke-rc.d). Only a policy-rc.d
+    that denies it (exit 101, as container images ship) or a machine without any init
+    blocks that start. Ours run apart, on our ports, so whatever the install started is
+    stopped and disabled at once; a package installed earlier by someone else is left alone.
+    """
+    missing = [package for package, binary in OBSERVER_PACKAGES.items() if not binary.exists()]
+    if not missing:
+        return
+    binaries = ", ".join(str(OBSERVER_PACKAGES[p]) for p in missing)
+    if os.geteuid() != 0:
+        raise StackError(
+            f"{binaries} missing and installing needs root: run "
+            f"`sudo apt-get install -y --no-install-recommends {' '.join(missing)}` "
+            "(then stop the daemons it starts on 9090/9093: the stack runs its own)"
+        )
+    _say(f"{binaries} not found: installing Debian's {', '.join(missing)}")
+    _apt_install(missing)
+    _stop_packaged_daemons(missing)
+    absent = [str(OBSERVER_PACKAGES[p]) for p in missing if not OBSERVER_PACKAGES[p].exists()]
+    if absent:
+        raise StackError(f"apt-get installed {', '.join(missing)} but {', '.join(absent)} did not appear")
+
+
+def _stop_packaged_daemons(services: list[str]) -> None:
+    """Stop and disable the daemons a package's postinst started (unit/init script named as the package)."""
+    for service in services:
+        if Path("/run/systemd/system").is_dir():
+            subprocess.run(["systemctl", "disable", "--now", f"{service}.service"], capture_output=True)
+            continue
+        script = Path("/etc/init.d") / service
+        if script.exists():
+            subprocess.run([str(script), "stop"], capture_output=True)
+        if shutil.which("update-rc.d"):
+            subprocess.run(["update-rc.d", service, "disable"], capture_output=True)
 
 
 def _pg_os_user() -> str | None:
@@ -494,11 +636,42 @@ def _registry_version() -> str:
     return f"apicurio {info['version']}"
 
 
+def _ready(port: int) -> bool:
+    """Prometheus' and Alertmanager's readiness: 200 on /-/ready once they serve."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/-/ready", timeout=3) as resp:
+            return bool(resp.status == 200)
+    except Exception:
+        return False
+
+
+def _prometheus_health() -> bool:
+    return _ready(PORTS["prometheus"])
+
+
+def _alertmanager_health() -> bool:
+    return _ready(PORTS["alertmanager"])
+
+
 COMPONENTS = [
     Component("postgres", PORTS["postgres"], LOGS / "postgres.log", _pg_health, _pg_version),
     Component("kafka", PORTS["kafka"], LOGS / "kafka.log", _kafka_health, _kafka_version),
     Component("registry", PORTS["registry"], LOGS / "registry.log", _registry_health, _registry_version),
     Component("connect", PORTS["connect"], LOGS / "connect.log", _connect_health, _connect_version),
+    Component(
+        "prometheus",
+        PORTS["prometheus"],
+        LOGS / "prometheus.log",
+        _prometheus_health,
+        lambda: _binary_version(PROMETHEUS_BIN),
+    ),
+    Component(
+        "alertmanager",
+        PORTS["alertmanager"],
+        LOGS / "alertmanager.log",
+        _alertmanager_health,
+        lambda: _binary_version(ALERTMANAGER_BIN),
+    ),
 ]
 BY_NAME = {c.name: c for c in COMPONENTS}
 # Ports a component opens besides its main one, checked for squatters before start.
@@ -624,10 +797,65 @@ def _init_postgres(bindir: Path, os_user: str | None, pgdata: Path) -> None:
         )
 
 
+def render_template(template: Path, **values: object) -> str:
+    """``template`` with each ``$name`` replaced by its value written as JSON, which YAML
+    reads as the same scalar: a path or URL needs no quoting of its own, and a name the
+    template uses but the caller forgot is an error, not an empty field."""
+    return string.Template(template.read_text()).substitute({k: json.dumps(v) for k, v in values.items()})
+
+
+def prometheus_config() -> str:
+    """The local Prometheus: scrape the sim (the estate), evaluate the estate rules, alert to our Alertmanager."""
+    from flotilla.fleet import SIM  # here, not at the top: importing flotilla takes a second or two
+
+    return render_template(
+        PROMETHEUS_TEMPLATE,
+        sim_target=f"{HOST}:{SIM.http_port}",
+        rule_file=str(ESTATE_RULES),
+        alertmanager_target=f"{HOST}:{PORTS['alertmanager']}",
+    )
+
+
+def alertmanager_config() -> str:
+    """The local Alertmanager: every alert to the health agent's webhook, with the stack's bearer token."""
+    from flotilla.fleet import HEALTH, url
+
+    return render_template(
+        ALERTMANAGER_TEMPLATE,
+        webhook_url=f"{url(HEALTH)}/alerts",
+        token_file=str(ALERT_WEBHOOK_TOKEN_FILE),
+    )
+
+
+def prometheus_command(config: Path) -> list[str]:
+    return [
+        str(PROMETHEUS_BIN),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={DATA / 'prometheus'}",
+        "--storage.tsdb.retention.time=1d",
+        f"--web.listen-address={HOST}:{PORTS['prometheus']}",
+        "--web.enable-lifecycle",  # POST /-/reload picks up an edited rule file
+    ]
+
+
+def alertmanager_command(config: Path) -> list[str]:
+    return [
+        str(ALERTMANAGER_BIN),
+        f"--config.file={config}",
+        f"--storage.path={DATA / 'alertmanager'}",
+        f"--web.listen-address={HOST}:{PORTS['alertmanager']}",
+        "--cluster.listen-address=",  # empty: no HA gossip (it would listen on 0.0.0.0:9094)
+    ]
+
+
 def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str | None, pgdata: Path) -> Path:
     """Render every process's config into .stack/run and return supervisord's."""
-    for d in (RUN, LOGS, DATA / "kafka", DATA / "connect"):
+    for d in (RUN, LOGS, DATA / "kafka", DATA / "connect", DATA / "prometheus", DATA / "alertmanager"):
         d.mkdir(parents=True, exist_ok=True)
+    prometheus_yml = RUN / "prometheus.yml"
+    prometheus_yml.write_text(prometheus_config())
+    alertmanager_yml = RUN / "alertmanager.yml"
+    alertmanager_yml.write_text(alertmanager_config())
     libs = DIST / "kafka" / "libs"
     kafka_props = RUN / "kafka.properties"
     kafka_props.write_text(
@@ -789,6 +1017,28 @@ stopsignal=TERM
 stopwaitsecs=10
 redirect_stderr=true
 stdout_logfile={LOGS / f"{TXN_WATCHDOG}.log"}
+
+[program:alertmanager]
+command={" ".join(alertmanager_command(alertmanager_yml))}
+autostart=false
+autorestart=true
+startretries=20
+startsecs=2
+stopsignal=TERM
+stopwaitsecs=30
+redirect_stderr=true
+stdout_logfile={LOGS / "alertmanager.log"}
+
+[program:prometheus]
+command={" ".join(prometheus_command(prometheus_yml))}
+autostart=false
+autorestart=true
+startretries=20
+startsecs=2
+stopsignal=TERM
+stopwaitsecs=30
+redirect_stderr=true
+stdout_logfile={LOGS / "prometheus.log"}
 """
     )
     return conf
@@ -857,7 +1107,10 @@ def _ensure_compatibility() -> None:
 def write_env_file() -> None:
     STACK_HOME.mkdir(parents=True, exist_ok=True)
     lines = ["# written by infra/local/stackctl.py; read by the Makefile, services and tests"]
-    lines += [f"{k}={v}" for k, v in stack_env().items()]
+    # A value with blanks, quotes or $ goes in single quotes, which python-dotenv (what the
+    # settings read it with) takes literally: a PromQL override holds all three.
+    settings = {**stack_env(), **LOCAL_ESTATE}
+    lines += [f"{k}='{v}'" if any(c in v for c in ' "#$') else f"{k}={v}" for k, v in settings.items()]
     ENV_FILE.write_text("\n".join(lines) + "\n")
 
 
@@ -886,16 +1139,25 @@ def up() -> None:
     _fetch_dist()
     transforms_rebuilt = _build_transforms()
     pg_bindir = _pg_bindir()
+    _observer_binaries()
     pg_user = _pg_os_user()
     pgdata = _pg_data_dir(pg_user)
     if pgdata != DATA / "postgres" and pgdata.exists() and not (DATA / "kafka").exists():
         # A cluster outside .stack left by an earlier checkout at this path: its
         # replication slots and registry ids would not match a fresh Kafka. Start clean.
         shutil.rmtree(pgdata)
+    ensure_private_token(ALERT_WEBHOOK_TOKEN_FILE, what="the alert webhook's bearer token")
     if not SUPERVISOR.running():
         _init_postgres(pg_bindir, pg_user, pgdata)
         _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)
         SUPERVISOR.launch(LOGS / "supervisord-start.log")
+    else:
+        missing = [c.name for c in COMPONENTS if c.name not in SUPERVISOR.states()]
+        if missing:  # its config was written by an older checkout
+            raise StackError(
+                f"the running stack's supervisord has no {', '.join(missing)}: "
+                "`make stack-down stack-up` adds them (data is kept)"
+            )
     write_env_file()
     _start(BY_NAME["postgres"], 60)
     _ensure_databases()
@@ -904,6 +1166,8 @@ def up() -> None:
     _start(BY_NAME["registry"], UP_TIMEOUT_S)
     _ensure_compatibility()
     _start(BY_NAME["connect"], UP_TIMEOUT_S, restart=transforms_rebuilt)
+    _start(BY_NAME["alertmanager"], 60)  # before Prometheus, which sends it the alerts
+    _start(BY_NAME["prometheus"], 60)
     watchdog = SUPERVISOR.states().get(TXN_WATCHDOG)
     if watchdog is None:  # supervisord runs a config written by an older checkout
         _say(f"no {TXN_WATCHDOG} in the running supervisord: `make stack-down stack-up` to add it")
@@ -917,8 +1181,9 @@ def down() -> None:
     if not SUPERVISOR.running():
         _say("stack is not running")
         return
-    # Reverse dependency order: Connect and the registry before Kafka and PostgreSQL.
-    SUPERVISOR.shutdown([TXN_WATCHDOG, "connect", "registry", "kafka", "postgres"])
+    # Reverse dependency order: Prometheus before the Alertmanager it alerts, Connect and the
+    # registry before Kafka and PostgreSQL.
+    SUPERVISOR.shutdown([TXN_WATCHDOG, "prometheus", "alertmanager", "connect", "registry", "kafka", "postgres"])
     _say("stack stopped (data kept in " + str(DATA) + ")")
 
 
@@ -957,14 +1222,14 @@ def status(as_json: bool) -> int:
         print(json.dumps(rows, indent=2))
     else:
         for r in rows:
-            print(f"{r['component']:<9} {r['state']:<5} {r['endpoint']:<16} {r['version'] or '-':<40} {r['log']}")
+            print(f"{r['component']:<12} {r['state']:<5} {r['endpoint']:<16} {r['version'] or '-':<40} {r['log']}")
     return 0 if all(r["state"] == "up" for r in rows) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down", "reset", "status", "env", "pid"])
-    parser.add_argument("component", nargs="?", help="with pid: one component (postgres, kafka, registry, connect)")
+    parser.add_argument("component", nargs="?", help=f"with pid: one component ({', '.join(BY_NAME)})")
     parser.add_argument("--json", action="store_true", help="machine-readable status")
     args = parser.parse_args(argv)
     try:

@@ -64,7 +64,7 @@ def default_env_file() -> Path:
 
 
 class StackSettings(BaseSettings):
-    """Where Kafka, the schema registry, Kafka Connect and PostgreSQL are."""
+    """Where Kafka, the schema registry, Kafka Connect, PostgreSQL, Prometheus and Alertmanager are."""
 
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="ignore")
 
@@ -80,6 +80,10 @@ class StackSettings(BaseSettings):
     kafka_ssl_ca_location: str | None = None  # PEM file of the cluster's CA (else the system's)
     schema_registry_url: str = "http://127.0.0.1:18081/apis/ccompat/v7"
     connect_url: str = "http://127.0.0.1:18083"
+    # The stack's Prometheus (the estate's alerting rules) and Alertmanager (routes alerts to
+    # the health agent): where tools and tests check them and query them.
+    prometheus_url: str = "http://127.0.0.1:18120"
+    alertmanager_url: str = "http://127.0.0.1:18121"
     pg_host: str = "127.0.0.1"
     pg_port: int = 55432
     pg_user: str = "flotilla"

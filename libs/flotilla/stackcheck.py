@@ -36,6 +36,9 @@ def problems(settings: StackSettings) -> dict[str, str]:
     for name, url in (
         ("registry", f"{settings.schema_registry_url}/subjects"),
         ("connect", f"{settings.connect_url}/connectors"),
+        # 200 once each serves (Prometheus: its storage opened and the config loaded).
+        ("prometheus", f"{settings.prometheus_url.rstrip('/')}/-/ready"),
+        ("alertmanager", f"{settings.alertmanager_url.rstrip('/')}/-/ready"),
     ):
         try:
             _http_ok(url)

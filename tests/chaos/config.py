@@ -62,6 +62,8 @@ def fleet_settings(config: ChaosConfig, ledger: Path) -> dict[str, str]:
     """
     return {
         "FLOTILLA_SIM_SERVICES": str(config.estate),
+        # the generated estate has no catalogue: its graph and thresholds come from telemetry
+        "FLOTILLA_ESTATE_CATALOGUE_FILE": "",
         "FLOTILLA_SIM_LEDGER_FILE": str(ledger),
         "FLOTILLA_SIM_ACTION_SECONDS": "0.1",
         "FLOTILLA_HEALTH_SCRAPE_SECONDS": "1",

@@ -15,7 +15,8 @@ from tests.chaos.config import REPO_ROOT
 
 STACKCTL = REPO_ROOT / "infra" / "local" / "stackctl.py"
 FLEETCTL = REPO_ROOT / "infra" / "local" / "fleetctl.py"
-STACK_COMPONENTS = ("postgres", "kafka", "connect", "registry")
+# Prometheus and Alertmanager too: what the agents see by, and what alerts come through.
+STACK_COMPONENTS = ("postgres", "kafka", "connect", "registry", "prometheus", "alertmanager")
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,10 @@ def test_status_reports_every_component_up_with_endpoint_and_version(local_stack
     done = subprocess.run([*STACKCTL, "status", "--json"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {row["component"]: row for row in json.loads(done.stdout)}
-    assert set(rows) == {"postgres", "kafka", "registry", "connect"}
+    assert set(rows) == {"postgres", "kafka", "registry", "connect", "prometheus", "alertmanager"}
     assert all(row["state"] == "up" for row in rows.values())
+    assert rows["prometheus"]["version"].startswith("prometheus 2.")  # Debian's package
+    assert rows["alertmanager"]["version"].startswith("alertmanager 0.")
     assert rows["kafka"]["version"] == "4.3.0"
     assert "debezium-postgres 3.6.1.Final" in rows["connect"]["version"]
     assert rows["registry"]["version"].startswith("apicurio 3.")

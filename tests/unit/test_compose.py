@@ -51,7 +51,16 @@ FINAL_CONDITIONS = {"service_healthy", "service_completed_successfully"}
 def stackctl() -> Iterator[ModuleType]:
     """stackctl as it stands by default: port overrides from the environment are ignored."""
     with pytest.MonkeyPatch.context() as mp:
-        for var in ("PG", "KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "REGISTRY_MANAGEMENT", "CONNECT"):
+        for var in (
+            "PG",
+            "KAFKA",
+            "KAFKA_CONTROLLER",
+            "REGISTRY",
+            "REGISTRY_MANAGEMENT",
+            "CONNECT",
+            "PROMETHEUS",
+            "ALERTMANAGER",
+        ):
             mp.delenv(f"FLOTILLA_{var}_PORT", raising=False)
         yield load_script("_stackctl_under_test", REPO_ROOT / "infra" / "local" / "stackctl.py")
 
@@ -373,9 +382,18 @@ def test_testcontainers_start_order_honours_depends_on() -> None:
 def test_testcontainers_settings_match_the_local_stack(stackctl: ModuleType) -> None:
     env = containers.stack_settings(containers.service_specs(COMPOSE_FILE, containers.INFRA_SERVICES))
     local = stackctl.stack_env()
-    assert set(env) == set(local)
+    # The testcontainers starter runs the infrastructure only: no Prometheus or Alertmanager,
+    # so no settings for them (nor the webhook token a local Alertmanager presents, nor how
+    # the agents read the estate that Prometheus scrapes).
+    observers = {
+        "FLOTILLA_PROMETHEUS_URL",
+        "FLOTILLA_ALERTMANAGER_URL",
+        "FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE",
+        *stackctl.LOCAL_ESTATE,
+    }
+    assert set(env) == set(local) - observers
     assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://127.0.0.1:{stackctl.PORTS['registry']}"
-    same = set(local) - {"FLOTILLA_STACK", "FLOTILLA_SCHEMA_REGISTRY_URL"}
+    same = set(local) - observers - {"FLOTILLA_STACK", "FLOTILLA_SCHEMA_REGISTRY_URL"}
     assert {k: env[k] for k in same} == {k: local[k] for k in same}
     assert local["FLOTILLA_PROFILE"] == "demo"  # both are the demo: demo credentials allowed
 

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -45,6 +46,9 @@ DEMO_ENV = REPO_ROOT / "infra" / "compose" / "demo.env"
 TRACING_ENV = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT")
 OBSERVABILITY = REPO_ROOT / "infra" / "observability"
 PROMETHEUS_CONFIG = OBSERVABILITY / "prometheus" / "prometheus.yml"
+PROMETHEUS_RULES = OBSERVABILITY / "prometheus" / "rules"
+ALERTMANAGER_CONFIG = OBSERVABILITY / "alertmanager" / "alertmanager.yml"
+LOCAL_ALERTMANAGER_TEMPLATE = REPO_ROOT / "infra" / "local" / "alertmanager.yml.template"
 GRAFANA = OBSERVABILITY / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "flotilla.json"
 
@@ -53,7 +57,7 @@ MEMBERS: dict[str, Member] = {m.name: m for m in fleet.FLEET}
 INIT = "fleet-init"
 KEYS_INIT = "keys-init"
 DEMO_JOB = "incident"
-OBSERVERS = ("prometheus", "grafana", "jaeger")
+OBSERVERS = ("prometheus", "alertmanager", "grafana", "jaeger")
 STACK_KEYS = {f"FLOTILLA_{name.upper()}" for name in StackSettings.model_fields}
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?([^}]*)\}")
 
@@ -588,10 +592,13 @@ def test_the_incident_job_is_the_local_demo_pointed_at_the_containers(services: 
 
 def test_prometheus_scrapes_every_member(services: dict[str, dict[str, Any]]) -> None:
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    [job] = [j for j in config["scrape_configs"] if j["job_name"] == "flotilla"]
-    assert job.get("metrics_path", "/metrics") == "/metrics"
-    targets = {t: group["labels"]["service"] for group in job["static_configs"] for t in group["targets"]}
+    # the sim in a job of its own (the estate, scraped every second), the rest together
+    jobs = [j for j in config["scrape_configs"] if j["job_name"] in ("flotilla", "estate")]
+    assert all(j.get("metrics_path", "/metrics") == "/metrics" for j in jobs)
+    targets = {t: g["labels"]["service"] for j in jobs for g in j["static_configs"] for t in g["targets"]}
     assert targets == {f"{m.name}:{m.http_port}": m.name for m in fleet.FLEET}
+    [estate] = [j for j in jobs if j["job_name"] == "estate"]
+    assert [t for g in estate["static_configs"] for t in g["targets"]] == [f"sim:{fleet.SIM.http_port}"]
     mounts = services["prometheus"]["volumes"]
     assert "./infra/observability/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
     assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
@@ -619,6 +626,7 @@ def test_grafana_is_provisioned_with_the_datasource_the_dashboard_names(services
 
 def test_observers_are_pinned_official_images_on_loopback(services: dict[str, dict[str, Any]]) -> None:
     assert services["prometheus"]["image"].startswith("prom/prometheus:v")
+    assert services["alertmanager"]["image"] == "prom/alertmanager:v0.28.1"
     assert services["grafana"]["image"].startswith("grafana/grafana:")
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")  # v2: OTLP built in
     for name in OBSERVERS:
@@ -628,6 +636,131 @@ def test_observers_are_pinned_official_images_on_loopback(services: dict[str, di
             assert services[name]["healthcheck"]["test"][0] == "CMD"
         assert all(containers._port(p).host_ip == "127.0.0.1" for p in services[name]["ports"])
     assert not any("jaeger" in svc.get("depends_on", {}) for svc in services.values())
+
+
+def _bind_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> host path of a service's read-only bind mounts."""
+    found = {}
+    for volume in service.get("volumes", []):
+        host, container, mode = volume.rsplit(":", 2)
+        assert mode == "ro", volume
+        found[container] = host
+    return found
+
+
+def test_prometheus_loads_the_estate_rules_and_alerts_alertmanager(services: dict[str, dict[str, Any]]) -> None:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    mounts = _bind_mounts(services["prometheus"])
+    assert mounts["/etc/prometheus/rules"] == "./infra/observability/prometheus/rules"
+    assert (REPO_ROOT / mounts["/etc/prometheus/rules"]).resolve() == PROMETHEUS_RULES
+    # Every rule file pattern names the mounted folder, and together they find the estate's rules.
+    loaded: set[Path] = set()
+    for pattern in config["rule_files"]:
+        assert pattern.startswith("/etc/prometheus/rules/"), pattern
+        loaded |= set(PROMETHEUS_RULES.glob(pattern.removeprefix("/etc/prometheus/rules/")))
+    assert PROMETHEUS_RULES / "estate.yml" in loaded
+    [alertmanagers] = config["alerting"]["alertmanagers"]
+    assert alertmanagers["static_configs"] == [{"targets": [f"alertmanager:{internal_port(services['alertmanager'])}"]}]
+
+
+def test_alertmanager_runs_alone_from_its_mounted_config(services: dict[str, dict[str, Any]]) -> None:
+    svc = services["alertmanager"]
+    flags = dict(arg.split("=", 1) for arg in svc["command"])
+    assert flags["--cluster.listen-address"] == ""  # clustering off: no gossip port
+    assert _bind_mounts(svc)[flags["--config.file"]] == "./infra/observability/alertmanager/alertmanager.yml"
+    assert (REPO_ROOT / _bind_mounts(svc)[flags["--config.file"]]).resolve() == ALERTMANAGER_CONFIG
+    [binding] = [containers._port(p) for p in svc["ports"]]
+    assert (binding.host_ip, binding.host_port, binding.container_port) == ("127.0.0.1", 19093, 9093)
+    check = svc["healthcheck"]["test"]
+    assert check == ["CMD", "wget", "-q", "-O", "/dev/null", f"http://127.0.0.1:{binding.container_port}/-/ready"]
+    assert check[:-1] == services["prometheus"]["healthcheck"]["test"][:-1]  # the same probe as Prometheus'
+
+
+def test_alertmanager_sends_every_alert_to_the_health_agent_with_the_secret_token(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    route = config["route"]
+    assert route == {
+        "receiver": "flotilla-health-agent",
+        "group_by": ["alertname", "service_name", "deployment_environment_name"],
+        "group_wait": "5s",
+        "group_interval": "10s",
+        "repeat_interval": "5m",
+    }
+    [receiver] = config["receivers"]
+    [hook] = receiver["webhook_configs"]
+    assert receiver["name"] == route["receiver"]
+    assert hook["url"] == f"http://health-agent:{fleet.HEALTH.http_port}/alerts"
+    assert internal_port(services["health-agent"]) == fleet.HEALTH.http_port
+    assert (hook["send_resolved"], hook["max_alerts"]) == (True, 0)
+    secret = "alert-webhook-token"
+    assert hook["http_config"] == {
+        "authorization": {"type": "Bearer", "credentials_file": f"/run/secrets/{secret}"}
+    }  # where compose mounts a secret listed by name
+    # Alertmanager presents it; the health agent checks a digest of it, so nobody else holds the file.
+    holders = {name for name, svc in services.items() if secret in svc.get("secrets", [])}
+    assert holders == {"alertmanager"}
+    source = REPO_ROOT / compose["secrets"][secret]["file"]
+    assert source.is_file() and len(source.read_text().split()) == 1  # one token, nothing else
+
+
+def test_the_compose_demo_token_is_the_one_the_demo_health_agent_accepts() -> None:
+    bearer = pytest.importorskip("flotilla.bearer")
+    if not hasattr(bearer, "DEMO_ALERT_TOKEN"):
+        pytest.skip("flotilla.bearer names no demo alert token")
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    source = REPO_ROOT / compose["secrets"]["alert-webhook-token"]["file"]
+    assert source.read_text().strip() == bearer.DEMO_ALERT_TOKEN
+
+
+def test_compose_and_the_local_stack_route_alerts_alike() -> None:
+    """The same route and receiver, only the addresses, the token's file and the timings differ."""
+    local = yaml.safe_load(
+        LOCAL_ALERTMANAGER_TEMPLATE.read_text().replace("$webhook_url", "url").replace("$token_file", "file")
+    )
+    compose = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    timings = ("group_wait", "group_interval", "repeat_interval")
+
+    def shape(config: dict[str, Any]) -> Any:
+        route = {k: v for k, v in config["route"].items() if k not in timings}
+        [receiver] = config["receivers"]
+        [hook] = receiver["webhook_configs"]
+        hook = {**hook, "url": "-", "http_config": {"authorization": {**hook["http_config"]["authorization"]}}}
+        hook["http_config"]["authorization"]["credentials_file"] = "-"
+        return route, receiver["name"], hook
+
+    assert shape(local) == shape(compose)
+
+
+def test_stack_settings_with_a_loopback_default_are_set_to_compose_names() -> None:
+    """x-stack-env is StackSettings seen from a container: no 127.0.0.1 default may stay."""
+    stack_env = yaml.safe_load(COMPOSE_FILE.read_text())["x-stack-env"]
+    for name, field in StackSettings.model_fields.items():
+        if isinstance(field.default, str) and "127.0.0.1" in field.default:
+            key = f"FLOTILLA_{name.upper()}"
+            assert key in stack_env, f"{key} would stay {field.default!r} inside a container"
+            assert "127.0.0.1" not in str(stack_env[key]), key
+    assert stack_env["FLOTILLA_PROMETHEUS_URL"] == "http://prometheus:9090"
+    assert stack_env["FLOTILLA_ALERTMANAGER_URL"] == "http://alertmanager:9093"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) is not installed")
+def test_promtool_accepts_the_compose_prometheus_config_with_its_rules(tmp_path: Path) -> None:
+    config = tmp_path / "prometheus.yml"
+    config.write_text(PROMETHEUS_CONFIG.read_text().replace("/etc/prometheus/rules/", f"{PROMETHEUS_RULES}/"))
+    proc = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 1 rule files found" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool (Debian's prometheus-alertmanager) is not installed")
+def test_amtool_accepts_the_compose_alertmanager_config() -> None:
+    proc = subprocess.run(
+        ["amtool", "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------ the image

@@ -89,6 +89,7 @@ SECRETS = {
     "flotilla-llm",
     "flotilla-approvers",
     "flotilla-operators",
+    "flotilla-alert-senders",  # who may deliver Alertmanager's webhook to the health agent
     "flotilla-audit-signing-key",
     "flotilla-authorization-signing-key",  # policy only: it alone may authorize a command
     "flotilla-proposal-signing-key",  # remediation only: it alone may propose
@@ -549,6 +550,7 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
     for owner, name in [
         ("Deployment/policy-service", "flotilla-approvers"),
         ("Deployment/dlq-reconciler", "flotilla-operators"),
+        ("Deployment/health-agent", "flotilla-alert-senders"),
     ]:
         optional = refs[(owner, name)].get("optional", False)
         assert optional is (overlay == "dev"), f"{owner}: {name} optional={optional} in {overlay}"
@@ -560,7 +562,8 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
             assert env["FLOTILLA_PROFILE"] == expected, ident(w)
     if overlay == "production":
         policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
-        assert policy["FLOTILLA_POLICY_INVENTORY"] == "none"
+        # replicas from the estate's Prometheus (kube-state-metrics), never a sim
+        assert policy["FLOTILLA_POLICY_INVENTORY"] == "prometheus"
         for w in workloads(objects):
             env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
             assert "FLOTILLA_POLICY_DRY_RUN" not in env

@@ -28,6 +28,8 @@ def test_defaults_point_at_the_local_stack() -> None:
     assert s.pg_host == "127.0.0.1"
     assert s.pg_port == 55432
     assert s.kafka_bootstrap == "127.0.0.1:19092"
+    assert s.prometheus_url == "http://127.0.0.1:18120"
+    assert s.alertmanager_url == "http://127.0.0.1:18121"
 
 
 def test_the_profile_is_production_unless_demo_is_chosen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -56,6 +58,8 @@ def test_reads_flotilla_environment_variables(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("FLOTILLA_PG_USER", "svc")
     monkeypatch.setenv("FLOTILLA_PG_PASSWORD", "s3cret")
     monkeypatch.setenv("FLOTILLA_PG_DATABASE", "incidents")
+    monkeypatch.setenv("FLOTILLA_PROMETHEUS_URL", "http://prometheus:9090")
+    monkeypatch.setenv("FLOTILLA_ALERTMANAGER_URL", "http://alertmanager:9093")
     s = StackSettings()
     assert s.stack == "compose"
     assert s.kafka_bootstrap == "kafka:9092"
@@ -67,6 +71,8 @@ def test_reads_flotilla_environment_variables(monkeypatch: pytest.MonkeyPatch) -
     assert s.pg_user == "svc"
     assert s.pg_password == "s3cret"
     assert s.pg_database == "incidents"
+    assert s.prometheus_url == "http://prometheus:9090"
+    assert s.alertmanager_url == "http://alertmanager:9093"
 
 
 def test_unprefixed_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,16 +5,21 @@ to a port free at the start of the test, so nothing here touches a real stack. `
 only driven into its early refusals (Java, a squatted port, Maven), which happen before
 anything is downloaded or started. The build of our Connect transforms is run for real
 (Maven, into the throwaway home), and Connect's restart after a rebuild against a
-stand-in supervisor.
+stand-in supervisor. Prometheus' and Alertmanager's configs are rendered and read back
+(and handed to promtool and amtool where Debian's packages are installed); nothing of
+theirs is started here.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import zipfile
@@ -24,7 +29,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
+from flotilla import fleet
+from flotilla.settings import load_settings
 from tests.support.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +48,10 @@ PORT_VARS = {
     "registry": "FLOTILLA_REGISTRY_PORT",
     "registry-management": "FLOTILLA_REGISTRY_MANAGEMENT_PORT",
     "connect": "FLOTILLA_CONNECT_PORT",
+    "prometheus": "FLOTILLA_PROMETHEUS_PORT",
+    "alertmanager": "FLOTILLA_ALERTMANAGER_PORT",
 }
-COMPONENTS = ("postgres", "kafka", "registry", "connect")
+COMPONENTS = ("postgres", "kafka", "registry", "connect", "prometheus", "alertmanager")
 
 
 def _java_major(java: Path) -> int | None:
@@ -149,7 +159,14 @@ def java_available() -> None:
 @pytest.mark.usefixtures("java_available")
 @pytest.mark.parametrize(
     ("key", "component"),
-    [("postgres", "postgres"), ("kafka", "kafka"), ("kafka-controller", "kafka"), ("registry-management", "registry")],
+    [
+        ("postgres", "postgres"),
+        ("kafka", "kafka"),
+        ("kafka-controller", "kafka"),
+        ("registry-management", "registry"),
+        ("prometheus", "prometheus"),
+        ("alertmanager", "alertmanager"),
+    ],
 )
 def test_up_refuses_a_port_held_by_another_process(
     base_env: dict[str, str],
@@ -185,13 +202,21 @@ def test_a_busy_port_hint_names_the_variable_stackctl_reads(
 
 
 @pytest.mark.usefixtures("java_available")
+@pytest.mark.parametrize("key", ["kafka-controller", "prometheus", "alertmanager"])
 def test_a_busy_port_hint_names_the_variable_for_other_ports(
-    base_env: dict[str, str], ports: dict[str, int], squatter: dict[str, socket.socket]
+    base_env: dict[str, str], ports: dict[str, int], squatter: dict[str, socket.socket], key: str
 ) -> None:
-    squatter["kafka-controller"] = _listen(ports["kafka-controller"])
+    squatter[key] = _listen(ports[key])
     proc = _stackctl(base_env, "up")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert PORT_VARS["kafka-controller"] in proc.stderr
+    assert PORT_VARS[key] in proc.stderr
+
+
+def test_the_port_variables_are_the_ones_stackctl_reads(stackctl_at: ModuleType) -> None:
+    assert stackctl_at.PORT_ENV == PORT_VARS
+    assert stackctl_at.DEFAULT_PORTS["prometheus"] == 18120
+    assert stackctl_at.DEFAULT_PORTS["alertmanager"] == 18121
+    assert [c.name for c in stackctl_at.COMPONENTS] == list(COMPONENTS)
 
 
 # ---------------------------------------------------------------------- tools
@@ -416,3 +441,369 @@ def test_connect_restarts_when_the_transforms_were_rebuilt(
     connect = stackctl_at.Component("connect", 1, Path("/dev/null"), lambda: True, lambda: "")
     stackctl_at._start(connect, 5, restart=restart)
     assert supervisor.calls == calls
+
+
+# ---------------------------------------------------- Prometheus and Alertmanager
+
+ESTATE_RULES = REPO_ROOT / "infra" / "observability" / "prometheus" / "rules" / "estate.yml"
+PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus package) is not installed")
+needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool (Debian's prometheus-alertmanager) is not installed")
+
+
+@pytest.fixture
+def stackctl_moved(stack_home: Path, ports: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """stackctl with its home in a temporary directory and every port moved by its variable."""
+    monkeypatch.setenv("FLOTILLA_STACK_HOME", str(stack_home))
+    for key, var in PORT_VARS.items():
+        monkeypatch.setenv(var, str(ports[key]))
+    return load_script("_stackctl_moved_under_test", STACKCTL)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_env_file_names_prometheus_alertmanager_and_the_webhook_token(
+    stackctl_moved: ModuleType, ports: dict[str, int], stack_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = stackctl_moved.stack_env()
+    assert env["FLOTILLA_PROMETHEUS_URL"] == f"http://127.0.0.1:{ports['prometheus']}"
+    assert env["FLOTILLA_ALERTMANAGER_URL"] == f"http://127.0.0.1:{ports['alertmanager']}"
+    assert env["FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE"] == str(stack_home / "secrets" / "alert-webhook-token")
+    stackctl_moved.write_env_file()
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:
+        monkeypatch.delenv(name)
+    settings = load_settings(stackctl_moved.ENV_FILE)  # what services and tests read
+    assert settings.prometheus_url == env["FLOTILLA_PROMETHEUS_URL"]
+    assert settings.alertmanager_url == env["FLOTILLA_ALERTMANAGER_URL"]
+
+
+def test_prometheus_scrapes_the_sim_evaluates_the_estate_rules_and_alerts_our_alertmanager(
+    stackctl_moved: ModuleType, ports: dict[str, int]
+) -> None:
+    config = yaml.safe_load(stackctl_moved.prometheus_config())
+    # The local stack's fast timings: a breach is an alert within seconds.
+    assert config["global"] == {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"}
+    assert config["rule_files"] == [str(ESTATE_RULES)]
+    assert Path(config["rule_files"][0]).is_absolute() and ESTATE_RULES.is_file()
+    [alertmanagers] = config["alerting"]["alertmanagers"]
+    assert alertmanagers["static_configs"] == [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]
+    [job] = config["scrape_configs"]
+    assert (job["job_name"], job["metrics_path"]) == ("estate", "/metrics")
+    assert job["static_configs"] == [{"targets": [f"127.0.0.1:{fleet.SIM.http_port}"]}]
+
+
+def test_alertmanager_sends_every_alert_to_the_health_agent_with_the_stacks_token(
+    stackctl_moved: ModuleType, stack_home: Path
+) -> None:
+    config = yaml.safe_load(stackctl_moved.alertmanager_config())
+    assert config["route"] == {
+        "receiver": "flotilla-health-agent",
+        "group_by": ["alertname", "service_name", "deployment_environment_name"],
+        "group_wait": "1s",
+        "group_interval": "2s",
+        "repeat_interval": "10s",
+    }
+    [receiver] = config["receivers"]
+    assert receiver["name"] == "flotilla-health-agent"
+    [hook] = receiver["webhook_configs"]
+    assert hook["url"] == f"http://127.0.0.1:{fleet.HEALTH.http_port}/alerts"
+    assert hook["send_resolved"] is True
+    assert hook["max_alerts"] == 0
+    token_file = stack_home / "secrets" / "alert-webhook-token"
+    assert token_file == stackctl_moved.ALERT_WEBHOOK_TOKEN_FILE
+    assert hook["http_config"] == {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}}
+
+
+def test_a_rendered_value_stays_one_yaml_scalar(stackctl_at: ModuleType, tmp_path: Path) -> None:
+    template = tmp_path / "some.yml.template"
+    template.write_text("path: $path\nport: $port\ntargets: [$target]\n")
+    odd = "/tmp/a dir: with # a hash, 'quotes\" and {braces}"
+    rendered = stackctl_at.render_template(template, path=odd, port=18120, target="127.0.0.1:18110")
+    assert yaml.safe_load(rendered) == {"path": odd, "port": 18120, "targets": ["127.0.0.1:18110"]}
+    with pytest.raises(KeyError, match="port"):  # a placeholder left unfilled is an error, not an empty field
+        stackctl_at.render_template(template, path="/x", target="y")
+
+
+def test_the_command_lines_keep_storage_in_the_stack_and_clustering_off(
+    stackctl_moved: ModuleType, ports: dict[str, int], stack_home: Path
+) -> None:
+    prometheus = stackctl_moved.prometheus_command(Path("/run/prometheus.yml"))
+    assert prometheus[0] == "/usr/bin/prometheus"
+    assert set(prometheus[1:]) == {
+        "--config.file=/run/prometheus.yml",
+        f"--storage.tsdb.path={stack_home / 'data' / 'prometheus'}",
+        "--storage.tsdb.retention.time=1d",
+        f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+        "--web.enable-lifecycle",
+    }
+    alertmanager = stackctl_moved.alertmanager_command(Path("/run/alertmanager.yml"))
+    assert alertmanager[0] == "/usr/bin/prometheus-alertmanager"
+    assert set(alertmanager[1:]) == {
+        "--config.file=/run/alertmanager.yml",
+        f"--storage.path={stack_home / 'data' / 'alertmanager'}",
+        f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+        "--cluster.listen-address=",  # empty: no HA gossip listener
+    }
+
+
+def test_supervisord_runs_both_from_the_configs_written_beside_its_own(stackctl_moved: ModuleType) -> None:
+    s = stackctl_moved
+    (s.DATA / "kafka").mkdir(parents=True)
+    (s.DATA / "kafka" / "meta.properties").write_text("formatted\n")  # no Kafka storage format (no Java here)
+    conf = s._write_configs("java", "java", Path("/usr/lib/postgresql/15/bin"), None, s.DATA / "postgres")
+    parser = configparser.RawConfigParser()
+    parser.read(conf)
+    programs = {section.split(":", 1)[1] for section in parser.sections() if section.startswith("program:")}
+    assert programs == {*COMPONENTS, "txn-watchdog"}
+    for name, command, rendered in (
+        ("prometheus", s.prometheus_command, s.prometheus_config),
+        ("alertmanager", s.alertmanager_command, s.alertmanager_config),
+    ):
+        program = parser[f"program:{name}"]
+        config = s.RUN / f"{name}.yml"
+        assert shlex.split(program["command"]) == command(config)
+        assert config.read_text() == rendered()
+        assert program["stdout_logfile"] == str(s.LOGS / f"{name}.log")
+        assert (program["autostart"], program["autorestart"]) == ("false", "true")  # `up` starts it, in order
+        assert (s.DATA / name).is_dir()
+
+
+class _StoppingSupervisor:
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def running(self) -> bool:
+        return True
+
+    def shutdown(self, programs: list[str], timeout: float = 30) -> None:
+        self.stopped = list(programs)
+
+
+def test_down_stops_them_before_the_rest_and_reset_wipes_their_data(
+    stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    supervisor = _StoppingSupervisor()
+    monkeypatch.setattr(stackctl_at, "SUPERVISOR", supervisor)
+    monkeypatch.setattr(stackctl_at, "_pg_os_user", lambda: None)
+    for name in ("prometheus", "alertmanager"):
+        (stackctl_at.DATA / name).mkdir(parents=True)
+        (stackctl_at.DATA / name / "some-block").write_text("x")
+    stackctl_at.ensure_private_token(stackctl_at.ALERT_WEBHOOK_TOKEN_FILE, what="a token", say=lambda _: None)
+    stackctl_at.reset()
+    assert set(supervisor.stopped) == {*COMPONENTS, "txn-watchdog"}
+    # Reverse start order: Prometheus' alerts have somewhere to go until it stops.
+    assert supervisor.stopped.index("prometheus") < supervisor.stopped.index("alertmanager")
+    assert supervisor.stopped.index("alertmanager") < supervisor.stopped.index("connect")
+    assert not stackctl_at.DATA.exists()
+    assert stackctl_at.ALERT_WEBHOOK_TOKEN_FILE.exists(), "the token is kept, like the fleet's secrets"
+
+
+def test_the_private_token_is_made_once_private_and_reused(stackctl_at: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "secrets" / "some-token"
+    said: list[str] = []
+    token = stackctl_at.ensure_private_token(path, what="a test token", say=said.append)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", token)  # 32 random bytes, URL-safe base64
+    assert (_mode(path), _mode(path.parent)) == (0o600, 0o700)
+    assert path.read_text() == token + "\n"
+    assert said == [f"generated a test token in {path}"]
+    assert stackctl_at.ensure_private_token(path, what="a test token", say=said.append) == token
+    assert len(said) == 1  # reused, not regenerated
+    path.unlink()
+    assert stackctl_at.ensure_private_token(path, what="a test token", say=said.append) != token
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_a_token_file_others_can_read_is_refused(stackctl_at: ModuleType, tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "secrets" / "some-token"
+    stackctl_at.ensure_private_token(path, what="a test token", say=lambda _: None)
+    path.chmod(mode)
+    with pytest.raises(stackctl_at.StackError, match="readable by other users"):
+        stackctl_at.ensure_private_token(path, what="a test token", say=lambda _: None)
+    path.chmod(0o600)
+    path.write_text("\n")
+    with pytest.raises(stackctl_at.StackError, match="empty"):
+        stackctl_at.ensure_private_token(path, what="a test token", say=lambda _: None)
+
+
+def test_fleetctl_takes_the_sim_token_from_the_shared_helper(stack_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLOTILLA_STACK_HOME", str(stack_home))
+    stackctl = load_script("stackctl", STACKCTL)
+    monkeypatch.setitem(sys.modules, "stackctl", stackctl)  # what fleetctl imports by name
+    fleetctl = load_script("_fleetctl_token_under_test", REPO_ROOT / "infra" / "local" / "fleetctl.py")
+    calls: list[tuple[Path, str]] = []
+
+    def helper(path: Path, *, what: str, say: Any) -> str:
+        calls.append((path, what))
+        return "the-token"
+
+    monkeypatch.setattr(stackctl, "ensure_private_token", helper)
+    assert fleetctl.sim_action_token() == "the-token"
+    assert calls == [(stack_home / "secrets" / "sim-action-token", "the sim's action token")]
+    assert fleetctl.SECRETS_DIR == stackctl.SECRETS  # one secrets folder for the stack and the fleet
+
+
+@pytest.mark.parametrize(
+    ("output", "short"),
+    [
+        (
+            "prometheus, version 2.42.0+ds (branch: debian/sid, revision: 2.42.0+ds-5+deb12u1)\n"
+            "  build user:       team+pkg-go@tracker.debian.org\n",
+            "prometheus 2.42.0+ds",
+        ),
+        (
+            "alertmanager, version 0.25.0 (branch: debian/sid, revision: 0.25.0-1+b4)\n  go version: go1.19\n",
+            "alertmanager 0.25.0",
+        ),
+        (
+            "\nprometheus, version 3.5.0 (branch: HEAD, revision: 8be3a9560fbdd18a94dedec4b747c35178177202)",
+            "prometheus 3.5.0",
+        ),
+        (
+            "no version line here, but a longer one than a status column holds\n",
+            "no version line here, but a longer one t",
+        ),
+        ("", "?"),
+    ],
+)
+def test_the_version_is_the_first_line_cut_short(stackctl_at: ModuleType, output: str, short: str) -> None:
+    assert stackctl_at.short_version(output) == short
+
+
+@pytest.mark.parametrize(
+    ("binary", "name"), [("/usr/bin/prometheus", "prometheus"), ("/usr/bin/prometheus-alertmanager", "alertmanager")]
+)
+def test_the_installed_binaries_report_their_version(stackctl_at: ModuleType, binary: str, name: str) -> None:
+    if not Path(binary).exists():
+        pytest.skip(f"{binary} is not installed")
+    assert re.fullmatch(rf"{name} \d+\.\d+\.\d+\S*", stackctl_at._binary_version(Path(binary)))
+
+
+def _fake_binaries(stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
+    binaries = {"prometheus": tmp_path / "prometheus", "prometheus-alertmanager": tmp_path / "prometheus-alertmanager"}
+    monkeypatch.setattr(stackctl_at, "OBSERVER_PACKAGES", binaries)
+    return binaries
+
+
+def test_missing_binaries_without_root_name_the_packages(
+    stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _fake_binaries(stackctl_at, monkeypatch, tmp_path)
+    monkeypatch.setattr(stackctl_at.os, "geteuid", lambda: 1000)
+    with pytest.raises(stackctl_at.StackError) as refused:
+        stackctl_at._observer_binaries()
+    assert "needs root" in str(refused.value)
+    assert "apt-get install -y --no-install-recommends prometheus prometheus-alertmanager" in str(refused.value)
+
+
+def test_missing_binaries_are_installed_as_root_and_the_packaged_daemons_stopped(
+    stackctl_at: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    binaries = _fake_binaries(stackctl_at, monkeypatch, tmp_path)
+    binaries["prometheus"].write_text("")  # installed already: left alone
+    monkeypatch.setattr(stackctl_at.os, "geteuid", lambda: 0)
+    calls: list[tuple[str, list[str]]] = []
+
+    def install(packages: list[str]) -> None:
+        calls.append(("install", packages))
+        for package in packages:
+            binaries[package].write_text("")
+
+    monkeypatch.setattr(stackctl_at, "_apt_install", install)
+    monkeypatch.setattr(stackctl_at, "_stop_packaged_daemons", lambda services: calls.append(("stop", services)))
+    stackctl_at._observer_binaries()
+    assert calls == [("install", ["prometheus-alertmanager"]), ("stop", ["prometheus-alertmanager"])]
+    calls.clear()
+    stackctl_at._observer_binaries()
+    assert calls == []
+
+
+@needs_promtool
+def test_promtool_accepts_the_estate_rules() -> None:
+    assert PROMTOOL is not None
+    proc = subprocess.run([PROMTOOL, "check", "rules", str(ESTATE_RULES)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 1 rules found" in proc.stdout
+
+
+@needs_promtool
+def test_promtool_accepts_the_rendered_prometheus_config(stackctl_at: ModuleType, tmp_path: Path) -> None:
+    assert PROMTOOL is not None
+    config = tmp_path / "prometheus.yml"
+    config.write_text(stackctl_at.prometheus_config())
+    proc = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _series(service: str, buckets: dict[str, int], threshold: float | None) -> list[dict[str, str]]:
+    """Input series of one service: bucket counters growing by ``buckets`` per second, and its objective."""
+    labels = f'service_name="{service}",deployment_environment_name="production"'
+    series = [
+        {"series": f'http_server_request_duration_seconds_bucket{{{labels},le="{le}"}}', "values": f"0+{step}x30"}
+        for le, step in buckets.items()
+    ]
+    if threshold is not None:
+        series.append({"series": f"slo_latency_p95_threshold_seconds{{{labels}}}", "values": f"{threshold}x30"})
+    return series
+
+
+@needs_promtool
+def test_the_latency_alert_fires_for_a_slow_service_only(tmp_path: Path) -> None:
+    assert PROMTOOL is not None
+    slow = {"0.5": 10, "1": 10, "2": 100, "+Inf": 100}  # p95 1.944s
+    fast = {"0.5": 100, "1": 100, "2": 100, "+Inf": 100}  # p95 0.475s
+    tests = {
+        "rule_files": [str(ESTATE_RULES)],
+        "evaluation_interval": "1s",
+        "tests": [
+            {
+                "interval": "1s",
+                "input_series": [
+                    *_series("checkout-api", slow, 0.5),
+                    *_series("payments-api", fast, 0.5),
+                    *_series("no-objective", slow, None),  # no threshold gauge: nothing to breach
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "2s", "alertname": "ServiceLatencyHigh", "exp_alerts": []},  # pending (for: 2s)
+                    {
+                        "eval_time": "10s",
+                        "alertname": "ServiceLatencyHigh",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "service_name": "checkout-api",
+                                    "deployment_environment_name": "production",
+                                    "severity": "page",
+                                    "signal": "latency",
+                                },
+                                "exp_annotations": {
+                                    "summary": "p95 of checkout-api is 1.944s",
+                                    "value_ms": "1944",
+                                    "description": (
+                                        "The 95th percentile of checkout-api's HTTP server request duration in "
+                                        "production over the last 5s is 1.944s, above its objective "
+                                        "(slo_latency_p95_threshold_seconds), and has been for at least 2s."
+                                    ),
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "estate.test.yml"
+    test_file.write_text(yaml.safe_dump(tests))
+    proc = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@needs_amtool
+def test_amtool_accepts_the_rendered_alertmanager_config(stackctl_at: ModuleType, tmp_path: Path) -> None:
+    assert AMTOOL is not None
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(stackctl_at.alertmanager_config())
+    proc = subprocess.run([AMTOOL, "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
