@@ -251,6 +251,8 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
     """Run ``spec`` until SIGTERM/SIGINT (blocking)."""
     settings = settings or ServiceSettings.load(service_name=spec.name, service_database=spec.database)
     logging.basicConfig(level=settings.log_level, format=f"%(asctime)s %(levelname)s {spec.name} %(name)s %(message)s")
+    # httpx logs every request at INFO: the health agent queries Prometheus twice a second.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     tracing.configure(spec.name)  # OTEL_* variables; off unless OTEL_TRACES_EXPORTER is set
     ctx = prepare_when_available(spec, settings)
     loop = build_loop(ctx) if spec.topics else None

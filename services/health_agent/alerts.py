@@ -346,7 +346,8 @@ def _note(
         alert=_ref(alert),
         observed_at=now,
     )
-    ctx.emit(conn, record, key=incident, correlation=incident, topic=intake.topic)
+    cause = incidents.opening_of(conn, incident)
+    ctx.emit(conn, record, key=incident, correlation=incident, cause=cause, topic=intake.topic)
 
 
 def _release(

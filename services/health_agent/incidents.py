@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
 from prometheus_client import Counter
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from flotilla import Envelope, Record, ServiceContext
 from flotilla.records import AlertRef, DiagnosisRequested
@@ -96,7 +97,8 @@ def open_incident(
     diagnosis = ctx.emit(conn, request, key=incident, correlation=incident, cause=fact, topic=topic)
     conn.execute(
         "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
-        "latency_event_id, diagnosis_event_id, opened_by, signal) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        "latency_event_id, diagnosis_event_id, opened_by, signal, opening) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             incident,
             opening.environment,
@@ -108,6 +110,7 @@ def open_incident(
             diagnosis.id,
             opening.opened_by,
             opening.signal,
+            Jsonb(asdict(fact)),
         ),
     )
     INCIDENTS_OPENED.labels(opening.service).inc()
@@ -115,6 +118,14 @@ def open_incident(
         "%s opened by %s: %s/%s: %s", incident, opening.opened_by, opening.environment, opening.service, opening.symptom
     )
     return incident, diagnosis
+
+
+def opening_of(conn: psycopg.Connection[Any], incident: str) -> Envelope | None:
+    """The envelope of the record that opened ``incident``: a later note about the incident
+    is caused by it (one causation chain, one trace). None for an incident opened before
+    the column existed."""
+    row = conn.execute("SELECT opening FROM health_incidents WHERE incident_id = %s", (incident,)).fetchone()
+    return None if row is None or row[0] is None else Envelope(**row[0])
 
 
 def clear(conn: psycopg.Connection[Any], incident: str, now: datetime, *, breaching: bool) -> bool:

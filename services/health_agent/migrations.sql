@@ -108,3 +108,7 @@ CREATE TABLE IF NOT EXISTS alerts (
 );
 CREATE INDEX IF NOT EXISTS alerts_firing_by_incident_idx ON alerts (incident_id) WHERE status = 'firing';
 CREATE INDEX IF NOT EXISTS alerts_outcome_idx ON alerts (outcome, last_received_at);
+
+-- The envelope of the record that opened the incident: what later notes about it (an
+-- alert joining or resolving) are caused by, so they stay in its causation chain and trace.
+ALTER TABLE health_incidents ADD COLUMN IF NOT EXISTS opening jsonb;
