@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-runaway bench-idle bench-authority bench-storm chaos clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -103,6 +103,9 @@ test-transforms: ## JUnit tests of our Kafka Connect transforms, and their jar (
 
 bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 rows (p50/p99)
 	$(PY) benchmarks/outbox_latency.py --rows 1000 --pause-ms 100
+
+bench-detection: fleet-up ## Fault -> incident through the sim's /metrics, Prometheus and Alertmanager, in one run
+	$(PY) benchmarks/detection_latency.py --faults $${DETECTION_FAULTS:-10}
 
 bench-runaway: stack-up schemas ## The runaway storm: 100 ping-pong loops at once, each cut by the hop budget
 	$(PY) benchmarks/runaway_storm.py --loops 100
