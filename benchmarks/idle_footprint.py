@@ -2,9 +2,10 @@
 
     make fleet-up && .venv/bin/python benchmarks/idle_footprint.py --seconds 60
 
-Nothing is injected: the sim runs healthy, the health agent scrapes, every loop polls.
+Nothing is injected: the sim runs healthy, Prometheus scrapes it (and evaluates the alert
+rule) every second, the health agent queries Prometheus every second, every loop polls.
 Processes are found from /proc by what they run (Kafka, Kafka Connect, the registry,
-every PostgreSQL process together, each service's ``python -m services.<name>``, the
+Prometheus, Alertmanager, every PostgreSQL process together, each service's ``python -m services.<name>``, the
 supervisors), and their CPU time is read twice, ``--seconds`` apart. Memory is the
 proportional set size (PSS: shared pages split between the processes sharing them), so
 PostgreSQL's shared buffers are not counted once per backend.
@@ -25,6 +26,8 @@ COMPONENTS = (
     ("kafka", "kafka.Kafka"),
     ("connect", "ConnectDistributed"),
     ("registry", "apicurio"),
+    ("alertmanager", "/usr/bin/prometheus-alertmanager"),  # before prometheus: its path contains it
+    ("prometheus", "/usr/bin/prometheus"),
     ("supervisors", "supervisord"),
 )
 
