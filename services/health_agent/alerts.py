@@ -251,7 +251,7 @@ def _one(ctx: ServiceContext, conn: psycopg.Connection[Any], intake: Intake, ale
             (alert.ended, now, alert.fingerprint, alert.startsAt),
         )
         if row["incident_id"] is not None:
-            _note(ctx, conn, intake, alert, row["incident_id"], environment, service or "", signal, now)
+            _note(ctx, conn, intake.topic, _ref(alert), row["incident_id"], environment, service or "", signal, now)
             _release(conn, row["incident_id"], environment, service, now)
         return result("resolved", row["incident_id"])
 
@@ -261,10 +261,10 @@ def _one(ctx: ServiceContext, conn: psycopg.Connection[Any], intake: Intake, ale
     incident = incidents.open_incident_of(conn, environment, service)
     if alert.status == "resolved":  # never seen firing (the agent was away): a note where it belongs
         if incident is not None:
-            _note(ctx, conn, intake, alert, incident, environment, service, signal, now)
+            _note(ctx, conn, intake.topic, _ref(alert), incident, environment, service, signal, now)
         return result("recorded", incident)
     if incident is not None:
-        _note(ctx, conn, intake, alert, incident, environment, service, signal, now)
+        _note(ctx, conn, intake.topic, _ref(alert), incident, environment, service, signal, now)
         return result("joined", incident)
     if not intake.opens:
         return result("recorded", None)
@@ -330,8 +330,8 @@ def _open(
 def _note(
     ctx: ServiceContext,
     conn: psycopg.Connection[Any],
-    intake: Intake,
-    alert: AlertIn,
+    topic: str,
+    alert: AlertRef,
     incident: str,
     environment: str,
     service: str,
@@ -339,15 +339,50 @@ def _note(
     now: datetime,
 ) -> None:
     record = AlertObserved(
-        incident_id=incident,
-        service=service,
-        environment=environment,
-        signal=signal,
-        alert=_ref(alert),
-        observed_at=now,
+        incident_id=incident, service=service, environment=environment, signal=signal, alert=alert, observed_at=now
     )
     cause = incidents.opening_of(conn, incident)
-    ctx.emit(conn, record, key=incident, correlation=incident, cause=cause, topic=intake.topic)
+    ctx.emit(conn, record, key=incident, correlation=incident, cause=cause, topic=topic)
+
+
+def held_by_alerts(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """The firing alerts that keep a recovery from being verified (their incident has an
+    open verification window)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT a.* FROM alerts a WHERE a.status = 'firing' AND a.incident_id IN "
+            "(SELECT incident_id FROM verifications WHERE outcome IS NULL)"
+        ).fetchall()
+
+
+def resolve_lost(ctx: ServiceContext, conn: psycopg.Connection[Any], topic: str, row: Mapping[str, Any]) -> bool:
+    """Record the resolution Alertmanager never delivered (its rule no longer fires, as
+    Prometheus says): the row resolved, AlertObserved (resolved) on its incident, the
+    incident released. False when it was no longer firing (delivered meanwhile)."""
+    now = ctx.now()
+    done = conn.execute(
+        "UPDATE alerts SET status = 'resolved', ends_at = %s, resolved_at = %s "
+        "WHERE fingerprint = %s AND starts_at = %s AND status = 'firing' RETURNING incident_id",
+        (now, now, row["fingerprint"], row["starts_at"]),
+    ).fetchone()
+    if done is None or done[0] is None:
+        return False
+    summary = row["annotations"].get("summary") or row["annotations"].get("description")
+    ref = AlertRef(
+        alert_name=row["alert_name"],
+        fingerprint=row["fingerprint"],
+        status="resolved",
+        severity=row["severity"],
+        labels=dict(row["labels"]),
+        summary=f"resolved per Prometheus: its rule no longer fires ({summary or 'no summary'})"[:2000],
+        starts_at=row["starts_at"],
+        ends_at=now,
+        generator_url=row["generator_url"],
+    )
+    _note(ctx, conn, topic, ref, done[0], row["environment"], row["service"] or "", row["signal"], now)
+    _release(conn, done[0], row["environment"], row["service"], now)
+    log.info("%s: alert %s resolved per Prometheus (no resolution came from Alertmanager)", done[0], ref.alert_name)
+    return True
 
 
 def _release(

@@ -23,7 +23,7 @@ from prometheus_client import Counter
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from flotilla import Envelope, Record, ServiceContext
+from flotilla import Envelope, Record, ServiceContext, Status, WorkflowStore
 from flotilla.records import AlertRef, DiagnosisRequested
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,29 @@ def lock_service(conn: psycopg.Connection[Any], environment: str, service: str) 
     return row
 
 
+# Where the fleet is done with an incident: it no longer holds its service, whatever still
+# says otherwise (an alert whose resolution never arrived, say).
+FINISHED = frozenset({Status.RESOLVED, Status.ESCALATED, Status.COMPENSATED})
+
+
 def open_incident_of(conn: psycopg.Connection[Any], environment: str, service: str) -> str | None:
+    """The service's open incident, if the fleet is still working on it. One it has finished
+    (resolved, compensated, escalated: the workflow this agent follows says so) but that is
+    still held (a lost resolution of an alert that joined it) is cleared here: a new breach
+    or alert opens a new incident rather than joining a finished one."""
     row = conn.execute(
         "SELECT incident_id FROM health_incidents WHERE environment = %s AND service = %s AND cleared_at IS NULL",
         (environment, service),
     ).fetchone()
-    return None if row is None else str(row[0])
+    if row is None:
+        return None
+    incident = str(row[0])
+    status = WorkflowStore.status_of(conn, incident)
+    if status in FINISHED:
+        conn.execute("UPDATE health_incidents SET cleared_at = now() WHERE incident_id = %s", (incident,))
+        log.info("%s is %s: it no longer holds %s/%s", incident, status, environment, service)
+        return None
+    return incident
 
 
 @dataclass(frozen=True)

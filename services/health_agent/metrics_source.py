@@ -62,6 +62,13 @@ class PromQLMetrics:
             readings = self._evidence.latency_readings()
         except EvidenceUnavailable as exc:
             raise ScrapeError(str(exc)) from exc
+        if not readings:
+            # Not an estate with nothing in it: a Prometheus just restarted answers with no
+            # rate for anyone until its window holds new samples (seconds), and wrong queries
+            # or labels read nothing for ever. Either way nothing can be judged.
+            raise ScrapeError(
+                f"{self.name} has no latency reading for any service (restarted, or the queries match nothing)"
+            )
         return [Sample(r.service, r.environment, r.p95_ms, r.threshold_ms) for r in readings]
 
 

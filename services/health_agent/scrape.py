@@ -52,9 +52,10 @@ from psycopg.rows import dict_row
 
 from flotilla import Envelope, Record, ServiceContext, escalation
 from flotilla.records import RecoveryCompleted, RecoveryFailed, ServiceLatencyIncreased
-from services.health_agent import incidents
+from services.health_agent import alerts, incidents
 from services.health_agent.detector import Change, DetectorState, Hysteresis, Phase, is_breaching, observe
 from services.health_agent.metrics_source import MetricsSource, Sample, ScrapeError
+from services.health_agent.reconcile import RuleStates
 from services.health_agent.settings import HealthSettings
 from services.health_agent.verification import Outcome, Verdict, Window, observe_nothing
 from services.health_agent.verification import observe as observe_window
@@ -123,9 +124,10 @@ class Scraper:
 
     __name__ = "health_scrape"
 
-    def __init__(self, settings: HealthSettings, source: MetricsSource) -> None:
+    def __init__(self, settings: HealthSettings, source: MetricsSource, rules: RuleStates | None = None) -> None:
         self._settings = settings
         self._source = source
+        self._rules = rules  # where a lost alert resolution can be found out (None: nowhere)
         self._opens = "metrics" in settings.health_open_from
         self._alert_grace = timedelta(seconds=settings.health_alert_resolve_grace_seconds)
         self._rule = Hysteresis(settings.health_breach_scrapes, settings.health_clear_scrapes)
@@ -170,11 +172,28 @@ class Scraper:
         self._detect_in_turn(ctx, changing, now)
         by_key = {s.key: s for s in samples or ()}
         scraped = samples is not None
+        if scraped and self._rules is not None:
+            self._unit("reconcile alerts", partial(self._reconcile_alerts, ctx))
         if not self._verify_all(ctx, by_key, now, scraped, cadence):
             for proposal in self._open_windows(ctx):
                 self._unit(f"verify {proposal}", partial(self._verify, ctx, proposal, by_key, now, scraped, cadence))
         if scraped:
             self._previous_tick = now  # a tick that failed, or saw no metrics, recorded nothing
+
+    def _reconcile_alerts(self, ctx: ServiceContext) -> None:
+        """Alerts that hold a recovery unverified but whose rule Prometheus says no longer
+        fires: resolved, as Alertmanager would have said (:mod:`.reconcile`). Asked outside
+        any transaction; each resolution re-checks the row under its update."""
+        assert self._rules is not None
+        with ctx.pool.connection() as conn:
+            held = alerts.held_by_alerts(conn)
+        resolved = [
+            row for row, done in zip(held, self._rules.resolved([r["labels"] for r in held]), strict=True) if done
+        ]
+        if resolved:
+            with ctx.pool.connection() as conn, conn.transaction():
+                for row in resolved:
+                    alerts.resolve_lost(ctx, conn, self._settings.incidents_topic, row)
 
     @staticmethod
     def _last_recorded(ctx: ServiceContext) -> datetime | None:
@@ -442,7 +461,18 @@ class Scraper:
         sample = samples.get((row["environment"], row["service"])) if scraped else None
         outcome: Outcome | None
         if sample is None:
-            window, outcome = observe_nothing(window, at=now, cadence=cadence)
+            # The first reading after the agent saw nothing for longer than the allowed gap:
+            # that blind stretch is the agent's, not this service's (observe() does the same
+            # for a window whose service has a sample now).
+            blind = cadence if scraped and cadence > self._max_gap else timedelta(0)
+            window, outcome = observe_nothing(
+                window,
+                at=now,
+                cadence=cadence,
+                blind=blind,
+                firing_alert=firing.get(row["incident_id"]),
+                alert_grace=self._alert_grace,
+            )
         else:
             window, outcome = observe_window(
                 window,

@@ -22,6 +22,7 @@ from services.health_agent.alerts import Intake
 from services.health_agent.api import install_routes
 from services.health_agent.handlers import make_handlers
 from services.health_agent.metrics_source import MetricsSource, PromQLMetrics, SimMetrics
+from services.health_agent.reconcile import RuleStates
 from services.health_agent.scrape import Scraper
 from services.health_agent.settings import HealthSettings
 
@@ -42,7 +43,9 @@ def metrics_source(settings: HealthSettings) -> MetricsSource:
 
 def build_spec(settings: HealthSettings | None = None, source: MetricsSource | None = None) -> ServiceSpec:
     settings = settings or HealthSettings.load()
-    scraper = Scraper(settings, source or metrics_source(settings))
+    # Where a resolution Alertmanager never delivered can be found out: the rules' Prometheus.
+    rules = RuleStates(settings.prometheus_client()) if settings.health_source == "prometheus" else None
+    scraper = Scraper(settings, source or metrics_source(settings), rules)
     intake = Intake(
         service_labels=settings.alert_service_labels,
         environment_labels=settings.alert_environment_labels,

@@ -8,10 +8,11 @@ After the last step of a proposal ran, the window opens (``started_at``, length 
 - **failed** when a scrape at or after the end of the window (``started_at + W``) still
   breaches: the service did not recover in the time it was given. A breach *inside* the
   window only restarts the healthy run — the fix may take a moment to bite;
-- an Alertmanager alert about the incident still firing counts as a breach too (an
-  incident an error-rate alert opened is not over because its latency is fine), except
-  that it fails the recovery only once it still fires ``alert_grace`` after the window's
-  end: Alertmanager reports a resolution only after its rule and group interval;
+- an Alertmanager alert about the incident still firing keeps the healthy run from
+  starting (an incident an error-rate alert opened is not over because its latency is
+  fine); one still firing ``alert_grace`` after the window's end (Alertmanager reports a
+  resolution only after its rule and group interval) makes the recovery **unverifiable**,
+  not failed: a lost resolution must not compensate a fix that worked;
 - **unverifiable** when neither happened by ``3W`` after the agent first looked at the
   window (``watched_from``; its start, unless a long tick delayed that look) — no
   samples of the service arrived, or gaps between them kept breaking the healthy run:
@@ -119,9 +120,7 @@ def observe(
             )
             return window, Outcome(Verdict.FAILED, p95_ms, threshold_ms, reason)
         if firing_alert is not None and at >= window.ends_at + alert_grace:
-            waited = (window.length + alert_grace).total_seconds()
-            reason = f"alert {firing_alert} about the incident is still firing {waited:g} s after the recovery ran"
-            return window, Outcome(Verdict.FAILED, p95_ms, threshold_ms, reason)
+            return window, _alert_outcome(window, firing_alert, alert_grace, p95_ms, threshold_ms)
         return window, None
     if run_start is None:
         run_start, run_max = at, p95_ms
@@ -138,17 +137,47 @@ def observe(
 
 
 def observe_nothing(
-    window: Window, *, at: datetime, cadence: timedelta = timedelta(0)
+    window: Window,
+    *,
+    at: datetime,
+    cadence: timedelta = timedelta(0),
+    blind: timedelta = timedelta(0),
+    firing_alert: str | None = None,
+    alert_grace: timedelta = timedelta(0),
 ) -> tuple[Window, Outcome | None]:
-    """No sample of the service this time; unverifiable once the window has run out."""
+    """No sample of the service this time; unverifiable once the window has run out.
+
+    ``blind``: how long the agent itself saw nothing just before this look (its readings
+    failed, or it was down), told once, on its first look after: that stretch does not
+    count against the window, as in :func:`observe` (a restarted Prometheus has no rate
+    for any service until its window holds new samples again). While an alert about the
+    incident still fires the window is not given up before ``alert_grace`` past its end;
+    then the alert decides: the recovery failed."""
     window = _looked(window, at)
+    if blind > timedelta(0):
+        window = replace(window, watched_from=(window.watched_from or window.started_at) + blind)
     deadline = window.gives_up_by(cadence)
+    if firing_alert is not None:
+        if at >= window.ends_at + alert_grace:
+            return window, _alert_outcome(window, firing_alert, alert_grace, None, None)
+        return window, None
     if at >= deadline:
         seen = "no" if window.last_sample_at is None else "too few"
         waited = (deadline - window.started_at).total_seconds()
         reason = f"{seen} latency samples of the service within {waited:g} s of the recovery"
         return window, Outcome(Verdict.UNVERIFIABLE, None, None, reason)
     return window, None
+
+
+def _alert_outcome(
+    window: Window, alert: str, grace: timedelta, p95_ms: float | None, threshold_ms: float | None
+) -> Outcome:
+    """An alert still firing past its grace: unverifiable, not failed. The agent did not
+    measure a failure, and a resolution Alertmanager could not deliver looks the same as
+    one that never happened; a person decides rather than a compensation undoing a fix."""
+    waited = (window.length + grace).total_seconds()
+    reason = f"alert {alert} about the incident is still firing {waited:g} s after the recovery ran"
+    return Outcome(Verdict.UNVERIFIABLE, p95_ms, threshold_ms, reason)
 
 
 def _looked(window: Window, at: datetime) -> Window:

@@ -372,7 +372,7 @@ def test_an_alert_still_firing_keeps_a_healthy_run_from_completing() -> None:
         window, p95_ms=200, threshold_ms=500, at=T0 + W + grace, max_gap=GAP, firing_alert="HighErrorRate",
         alert_grace=grace,
     )  # fmt: skip
-    assert outcome is not None and outcome.verdict is Verdict.FAILED
+    assert outcome is not None and outcome.verdict is Verdict.UNVERIFIABLE  # a person decides
     assert "HighErrorRate" in outcome.reason and "still firing 15 s" in outcome.reason
 
 
@@ -390,6 +390,28 @@ def test_a_resolved_alert_lets_the_healthy_run_complete() -> None:
         )
         verdicts.append(None if outcome is None else outcome.verdict)
     assert verdicts == [None] * 5 + [Verdict.COMPLETED]  # W of healthy readings after the resolution
+
+
+def test_the_agents_own_blind_stretch_does_not_count_when_its_first_reading_lacks_the_service() -> None:
+    """Prometheus restarted: no reading for anyone for seconds, then a reading without this
+    service yet. The blind stretch is the agent's; the window still has its time."""
+    window = Window(started_at=T0, length=W)
+    window, _ = observe_nothing(window, at=T0)  # first look
+    window, outcome = observe_nothing(window, at=T0 + timedelta(seconds=14), blind=timedelta(seconds=10))
+    assert outcome is None and window.watched_from == T0 + timedelta(seconds=10)
+    window, outcome = observe_nothing(window, at=T0 + timedelta(seconds=25))
+    assert outcome is not None and outcome.verdict is Verdict.UNVERIFIABLE  # 3W of its own watching
+
+
+def test_without_readings_a_firing_alert_waits_for_its_grace_then_a_person_decides() -> None:
+    window = Window(started_at=T0, length=W)
+    grace = timedelta(seconds=20)
+    window, outcome = observe_nothing(
+        window, at=T0 + timedelta(seconds=16), firing_alert="HighErrorRate", alert_grace=grace
+    )
+    assert outcome is None  # past 3W, but the alert may still resolve
+    window, outcome = observe_nothing(window, at=T0 + W + grace, firing_alert="HighErrorRate", alert_grace=grace)
+    assert outcome is not None and outcome.verdict is Verdict.UNVERIFIABLE and "HighErrorRate" in outcome.reason
 
 
 def test_alert_payloads_are_alertmanagers_version_4() -> None:
@@ -547,3 +569,36 @@ def test_services_that_keep_changing_never_starve_the_ones_behind_them(services:
             served.setdefault(sample.service, tick)
         resume = ordered[per_tick].key if per_tick < len(ordered) else None
     assert len(served) == services  # each one within ceil(services / per_tick) ticks
+
+
+def test_a_lost_resolution_is_found_out_from_the_rules_prometheus() -> None:
+    import httpx
+    from flotilla_evidence import PrometheusClient
+
+    from services.health_agent.reconcile import RuleStates
+
+    rule = {"__name__": "ALERTS", "alertname": "ServiceLatencyHigh", "service_name": "shop-0001", "signal": "latency"}
+    answers = {
+        'ALERTS{alertstate="firing"}': [{**rule, "service_name": "shop-0002", "alertstate": "firing"}],
+        "last_over_time(ALERTS[15m])": [
+            {**rule, "alertstate": "firing"},
+            {**rule, "service_name": "shop-0002", "alertstate": "firing"},
+        ],
+    }
+
+    def prometheus(request: httpx.Request) -> httpx.Response:
+        query = dict(httpx.QueryParams(request.content.decode()))["query"]
+        result = [{"metric": m, "value": [0, "1"]} for m in answers[query]]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    states = RuleStates(PrometheusClient("http://prometheus.test", transport=httpx.MockTransport(prometheus)))
+    alert = {"alertname": "ServiceLatencyHigh", "service_name": "shop-0001", "signal": "latency", "region": "eu"}
+    assert states.resolved(
+        [
+            alert,  # Prometheus made it and it fires no more: resolved (the external label is Alertmanager's)
+            {**alert, "service_name": "shop-0002"},  # still firing
+            {"alertname": "HighErrorRate", "service_name": "shop-0001"},  # not this Prometheus' alert: unknown
+        ]
+    ) == [True, False, False]
+    down = RuleStates(PrometheusClient("http://127.0.0.1:9", timeout=1))
+    assert down.resolved([alert]) == [False]  # cannot tell: it keeps firing
