@@ -25,23 +25,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-import psycopg
+from incident_latency import http, percentile, wait_healthy
+from storm import fleet
 
 from flotilla.envelope import Envelope
-from flotilla.fleet import HEALTH, SIM, url
+from flotilla.fleet import SIM, url
 from flotilla.registry import registry_client
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import tail_consumer
-from services.health_agent.scrape import settled
 
-REPO = Path(__file__).resolve().parents[1]
-FLEETCTL = [sys.executable, str(REPO / "infra" / "local" / "fleetctl.py")]
 SERVICE, DEPENDENCY = "checkout-dev", "payments-dev"
 OPENING = {"ServiceLatencyIncreased", "ServiceDegraded"}
 WAYS = {
@@ -51,68 +47,42 @@ WAYS = {
 }
 
 
-def http(method: str, address: str, body: object | None = None) -> None:
-    import json
-    import urllib.request
-
-    request = urllib.request.Request(
-        address, data=json.dumps(body).encode() if body is not None else None, method=method
-    )
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        resp.read()
-
-
-def fleet(action: str, env: dict[str, str]) -> None:
-    done = subprocess.run([*FLEETCTL, action], capture_output=True, text=True, timeout=600, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"fleetctl {action} failed:\n{done.stdout}\n{done.stderr}")
-
-
-def wait_healthy(settings: StackSettings, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with psycopg.connect(settings.pg_dsn(HEALTH.database)) as conn:
-            open_incident = conn.execute(
-                "SELECT 1 FROM health_incidents WHERE service = %s AND cleared_at IS NULL", (SERVICE,)
-            ).fetchone()
-            if settled(conn, SERVICE) and open_incident is None:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"{SERVICE} did not return to healthy within {timeout:.0f}s")
+SETTLED = {"RecoveryCompleted", "RecoveryFailed", "CompensationCompleted", "IncidentEscalated"}
 
 
 def one_fault(settings: StackSettings, serde: AvroSerde) -> float:
-    """Seconds from the fault to its incident's opening record at a consumer."""
+    """Seconds from the fault to its incident's opening record at a consumer. The incident
+    is then left to finish (the fleet scales checkout-dev) before the sim is reset: a scale
+    landing after the reset would leave the next fault with nothing to breach."""
     http("POST", f"{url(SIM)}/reset", {})
-    wait_healthy(settings)
+    wait_healthy(settings, SERVICE, timeout=120)
     time.sleep(6)  # a 5 s rate window of healthy requests only, whatever the last fault left
     consumer = tail_consumer(settings.kafka_bootstrap, ["incidents"], **{"fetch.wait.max.ms": 5})
     try:
         consumer.poll(1.0)  # joined and positioned at the end before the fault
         injected = time.monotonic()
         http("POST", f"{url(SIM)}/faults", {"service": DEPENDENCY, "kind": "dependency-slow"})
-        while time.monotonic() - injected < 120:
+        opened: float | None = None
+        incident: str | None = None
+        while time.monotonic() - injected < 240:
             msg = consumer.poll(0.1)
             if msg is None or msg.error():
                 continue
             try:
-                Envelope.from_headers(msg.headers())
+                envelope = Envelope.from_headers(msg.headers())
                 decoded = serde.deserialize(msg.value())
             except (ValueError, SerdeError):
                 continue
             kind = decoded.record_name.rsplit(".", 1)[-1]
-            if kind in OPENING and decoded.value.get("service") == SERVICE:
-                return time.monotonic() - injected
-        raise SystemExit("no incident within 120 s of the fault")
+            if incident is None and kind in OPENING and decoded.value.get("service") == SERVICE:
+                opened, incident = time.monotonic() - injected, envelope.correlationid
+            elif incident is not None and envelope.correlationid == incident and kind in SETTLED:
+                assert opened is not None
+                return opened
+        raise SystemExit(f"no settled incident within 240 s of the fault (opened: {incident})")
     finally:
         consumer.close()
         http("POST", f"{url(SIM)}/reset", {})
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
 def main() -> int:
