@@ -64,10 +64,15 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def wait_healthy(settings: StackSettings, service: str, timeout: float = 60) -> None:
+    """Until the health agent has seen ``service`` healthy and nothing holds an incident of
+    it open (an alert about it still firing keeps one open)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with psycopg.connect(settings.pg_dsn(HEALTH.database)) as conn:
-            if settled(conn, service):
+            held = conn.execute(
+                "SELECT 1 FROM health_incidents WHERE service = %s AND cleared_at IS NULL", (service,)
+            ).fetchone()
+            if settled(conn, service) and held is None:
                 return
         time.sleep(0.2)
     raise SystemExit(f"{service} did not return to healthy within {timeout:.0f}s")
