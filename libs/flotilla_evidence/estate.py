@@ -210,14 +210,7 @@ class PrometheusEvidence:
             )
         edges = self._edges(names)
         known = {name for _, name in in_scope} | {s for _, s in edges}
-        deployments = {self._deployment(k): k for k in in_scope}  # (namespace, deployment) -> the service it runs
-        replicas = {
-            deployments[(r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, ""))]: int(
-                r.value
-            )
-            for r in self._query("replicas", deployments=sorted({d for _, d in deployments}))
-            if (r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, "")) in deployments
-        }
+        replicas = self._replicas(in_scope)
         utilization = {
             k[1]: v for k, v in self._per_service(self._query("utilization", services=names)).items() if k in in_scope
         }
@@ -293,10 +286,16 @@ class PrometheusEvidence:
         namespace = (declared.namespace if declared else None) or self.namespaces.get(environment, environment)
         return namespace, declared.deployment if declared else name
 
+    def _replicas(self, services: Iterable[Key]) -> dict[Key, int]:
+        """Replicas of each service's Deployment, where Prometheus has a count."""
+        deployments = {self._deployment(k): k for k in services}  # (namespace, Deployment) -> service
+        found = {}
+        for r in self._query("replicas", deployments=sorted({d for _, d in deployments})):
+            where = (r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, ""))
+            if where in deployments:
+                found[deployments[where]] = int(r.value)
+        return found
+
     def replicas(self, environment: str, name: str) -> int | None:
         """Replicas of one service's Deployment now, or None when Prometheus has no count."""
-        namespace, deployment = self._deployment((environment, name))
-        for r in self._query("replicas", deployments=[deployment]):
-            if r.labels.get(self.labels.namespace, "") == namespace:
-                return int(r.value)
-        return None
+        return self._replicas([(environment, name)]).get((environment, name))
