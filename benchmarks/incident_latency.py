@@ -69,10 +69,7 @@ def wait_healthy(settings: StackSettings, service: str, timeout: float = 60) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with psycopg.connect(settings.pg_dsn(HEALTH.database)) as conn:
-            held = conn.execute(
-                "SELECT 1 FROM health_incidents WHERE service = %s AND cleared_at IS NULL", (service,)
-            ).fetchone()
-            if settled(conn, service) and held is None:
+            if settled(conn, service):
                 return
         time.sleep(0.2)
     raise SystemExit(f"{service} did not return to healthy within {timeout:.0f}s")

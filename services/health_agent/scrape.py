@@ -98,9 +98,15 @@ WHERE proposal_id = %(proposal)s
 def settled(conn: psycopg.Connection[Any], service: str) -> bool:
     """Whether ``service`` is healthy with no incident open and no recovery being verified
     (or was never scraped): a fault injected now starts a new, independent incident,
-    and cannot fail the verification window of the last one."""
+    and cannot fail the verification window of the last one. An incident still held by an
+    alert whose resolution has not arrived yet counts as open: a breach now would join it."""
     row = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)).fetchone()
     if row is not None and (str(row[0]).lower() != Phase.HEALTHY or row[1] is not None):
+        return False
+    held = conn.execute(
+        "SELECT 1 FROM health_incidents WHERE service = %s AND cleared_at IS NULL LIMIT 1", (service,)
+    ).fetchone()
+    if held is not None:
         return False
     verifying = conn.execute(
         "SELECT 1 FROM verifications WHERE service = %s AND outcome IS NULL LIMIT 1", (service,)

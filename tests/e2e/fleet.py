@@ -199,7 +199,7 @@ class Fleet:
     def dlq(self, method: str, path: str, body: object | None = None, token: str | None = None) -> Any:
         return self.call(DLQ_RECONCILER, method, path, body, token)
 
-    def wait_until_healthy(self, service: str, timeout: float = 30) -> None:
+    def wait_until_healthy(self, service: str, timeout: float = 60) -> None:
         """Until the health agent has seen the service healthy again, closed its breach and
         decided any verification window (so the next fault opens a new incident rather
         than continuing the last one or failing its verification)."""

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from services.audit.settings import AuditSettings
 from services.dlq_reconciler import service as dlq_service
 from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN, DlqSettings
 from services.health_agent import service as health_service
+from services.health_agent.incidents import clear
+from services.health_agent.scrape import settled
 from services.health_agent.settings import HealthSettings
 from tests.support.producing import ordered_producer
 
@@ -374,6 +377,35 @@ def test_health_agent_opens_one_incident_per_sustained_breach_and_verifies_recov
     finally:
         loop.stop()
         loop.run()  # closes the consumer
+
+
+def test_a_service_held_by_a_firing_alert_is_not_settled_until_the_alert_resolves(
+    stack: StackSettings, health: tuple[ServiceContext, HealthSettings], sim: FakeSim
+) -> None:
+    """The agent's breach is over but an alert that joined the incident still fires: the
+    incident holds the service, so a fault now would join it, not open a new one. Whoever
+    waits for a settled service (tests, benchmarks) must see it as not settled."""
+    ctx, _ = health
+    service = f"held-{RUN}"
+    sim.set(service, 1800.0, 500.0)
+    scrape(ctx, 5)
+    (incident,) = incidents_of(stack, service)
+    with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO alerts (fingerprint, starts_at, alert_name, environment, service, signal, labels, "
+            "annotations, status, outcome, incident_id) "
+            "VALUES (%s, now(), 'LatencyHigh', 'production', %s, 'latency', '{}', '{}', 'firing', 'joined', %s)",
+            (f"fp-{RUN}", service, incident),
+        )
+    sim.set(service, 100.0, 500.0)
+    scrape(ctx, 5)  # the agent's own reading is healthy again ...
+    with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
+        phase = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,))
+        assert phase.fetchone() == ("healthy", None)
+        assert not settled(conn, service)  # ... but the firing alert still holds the incident
+        conn.execute("UPDATE alerts SET status = 'resolved' WHERE incident_id = %s", (incident,))
+        assert clear(conn, incident, datetime.now(UTC), breaching=False)
+        assert settled(conn, service)
 
 
 def test_a_tick_over_a_large_estate_takes_a_few_transactions_and_still_sees_a_breach(
