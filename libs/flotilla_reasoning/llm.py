@@ -2,7 +2,8 @@
 
 Each decision is one conversation: a system message with the rules of the game, a user
 message with the evidence as JSON, and ``response_format`` set to the decision's JSON
-Schema. The answer is parsed and validated (:mod:`flotilla_reasoning.decision`); a bad
+Schema in the form the server speaks (:mod:`flotilla_reasoning.dialects`). The answer is
+parsed and validated (:mod:`flotilla_reasoning.decision`); a bad
 answer gets exactly one more chance, with the problems appended to the conversation,
 and a second bad answer raises :class:`ReasoningFailed` — the agent escalates and the
 answer never becomes a record. Tokens are summed over both attempts.
@@ -16,9 +17,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import openai
-from openai.types.chat import ChatCompletionMessageParam
-from openai.types.shared_params import ResponseFormatJSONSchema
-from prometheus_client import Counter
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from prometheus_client import Counter, Gauge
 
 from flotilla import tracing
 from flotilla_reasoning.base import ReasoningFailed
@@ -29,6 +29,7 @@ from flotilla_reasoning.decision import (
     diagnosis_from_answer,
     proposal_from_answer,
 )
+from flotilla_reasoning.dialects import AUTO_ORDER, Dialect, DialectChoice, format_refused, response_format
 from flotilla_reasoning.model import Diagnosis, DiagnosticEvidence, Proposal, TokenUsage, Topology, Verdict
 from flotilla_reasoning.settings import AgentSettings
 
@@ -45,6 +46,12 @@ LLM_TOKENS = Counter(
     "flotilla_llm_tokens_total",
     "Model tokens spent by the LLM reasoner, rejected answers included, by model and kind (prompt, completion).",
     ["model", "kind"],
+)
+
+LLM_DIALECT = Gauge(
+    "flotilla_llm_response_format_info",
+    "The response-format dialect the LLM reasoner found the model server accepts (1 for the one in use).",
+    ["dialect"],
 )
 
 DIAGNOSE_SYSTEM = """\
@@ -75,10 +82,6 @@ a proposal: a policy and possibly a person decide whether it runs.\
 """
 
 
-def _response_format(name: str, schema: dict[str, Any]) -> ResponseFormatJSONSchema:
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-
-
 class LLMReasoner:
     """Decides by asking a model; validates every answer before believing it."""
 
@@ -93,12 +96,18 @@ class LLMReasoner:
         timeout: float = 60.0,
         max_retries: int = 2,
         temperature: float = 0.0,
+        max_tokens: int | None = 1024,
+        dialect: DialectChoice = "auto",
         max_replicas: int = 20,
         client: openai.OpenAI | None = None,
     ) -> None:
         self.model = model
         self.temperature = temperature
+        self.max_tokens = max_tokens
         self.max_replicas = max_replicas
+        self.dialects = Dialects(dialect)
+        self.last_attempts = 0  # answers the last decision took (1 or 2; 0 before any)
+        self.max_retries = max_retries
         self._client = client or openai.OpenAI(
             base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries
         )
@@ -114,6 +123,8 @@ class LLMReasoner:
             timeout=settings.llm_timeout_seconds,
             max_retries=settings.llm_max_retries,
             temperature=settings.llm_temperature,
+            max_tokens=settings.llm_max_tokens,
+            dialect=settings.llm_response_format,
             max_replicas=settings.max_replicas,
         )
 
@@ -134,7 +145,7 @@ class LLMReasoner:
         return self._decide(
             DIAGNOSE_SYSTEM,
             facts,
-            _response_format("flotilla_diagnosis", DIAGNOSIS_SCHEMA),
+            ("flotilla_diagnosis", DIAGNOSIS_SCHEMA),
             lambda text, model, usage: diagnosis_from_answer(text, evidence, reasoner=NAME, model=model, usage=usage),
         )
 
@@ -160,7 +171,7 @@ class LLMReasoner:
         return self._decide(
             PROPOSE_SYSTEM,
             facts,
-            _response_format("flotilla_recovery_plan", PROPOSAL_SCHEMA),
+            ("flotilla_recovery_plan", PROPOSAL_SCHEMA),
             lambda text, model, usage: proposal_from_answer(
                 text, diagnosis, topology, reasoner=NAME, model=model, usage=usage, max_replicas=self.max_replicas
             ),
@@ -172,7 +183,7 @@ class LLMReasoner:
         self,
         system: str,
         facts: dict[str, Any],
-        response_format: ResponseFormatJSONSchema,
+        schema: tuple[str, dict[str, Any]],
         parse: Callable[[str | None, str | None, TokenUsage], T],
     ) -> T:
         messages: list[ChatCompletionMessageParam] = [
@@ -183,14 +194,9 @@ class LLMReasoner:
         problems: list[str] = []
         text: str | None = None
         for attempt in range(1, ATTEMPTS + 1):
+            self.last_attempts = attempt
             try:
-                with tracing.child_span("chat", {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model}):
-                    completion = self._client.chat.completions.create(
-                        model=self.model,
-                        messages=messages,
-                        response_format=response_format,
-                        temperature=self.temperature,
-                    )
+                completion = self._complete(messages, schema)
             except openai.OpenAIError as exc:
                 raise ReasoningFailed(
                     f"the model server did not answer: {exc.__class__.__name__}",
@@ -233,3 +239,99 @@ class LLMReasoner:
             problems=problems,
             last_answer=text,
         )
+
+    def _complete(
+        self, messages: list[ChatCompletionMessageParam], schema: tuple[str, dict[str, Any]]
+    ) -> ChatCompletion:
+        """One chat completion, asking for ``schema`` in the server's dialect. Until a server
+        has answered once, a request it refuses for its response format is asked again in the
+        next dialect (:class:`Dialects`); after that, an error is the server's answer."""
+        name, body = schema
+        while True:
+            dialect = self.dialects.current
+            try:
+                completion = self._ask(self._request(messages, dialect, name, body), dialect)
+            except openai.APIStatusError as exc:
+                if self.dialects.settled or not format_refused(exc) or not self.dialects.fall_back(exc):
+                    raise
+                continue
+            self.dialects.settle()
+            return completion
+
+    def _request(
+        self, messages: list[ChatCompletionMessageParam], dialect: Dialect, name: str, schema: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The create() arguments of one request in ``dialect``."""
+        if dialect == "json_object":  # nothing constrains the answer: the schema goes in the prompt
+            first = messages[0]
+            messages = [
+                {"role": "system", "content": f"{first['content']}\nThe response schema:\n{json.dumps(schema)}"},
+                *messages[1:],
+            ]
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "response_format": response_format(dialect, name, schema),
+            "temperature": self.temperature,
+        }
+        if self.max_tokens is not None:
+            request["max_tokens"] = self.max_tokens
+        return request
+
+    def _ask(self, request: dict[str, Any], dialect: Dialect) -> ChatCompletion:
+        """Send one request. A body that is not a chat completion (cut off on the way, a
+        proxy's HTML error page) is asked again as often as the client retries a failed
+        call, then raised as :class:`UnreadableAnswer`: the SDK itself retries neither."""
+        span = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model, "flotilla.llm.dialect": dialect}
+        problem = ""
+        for attempt in range(self.max_retries + 1):
+            with tracing.child_span("chat", span):
+                try:
+                    answer: object = self._client.chat.completions.create(**request)
+                except ValueError as exc:  # the SDK's json.loads of a body cut off mid-way
+                    problem = f"a body that is not JSON ({exc})"
+                else:
+                    if isinstance(answer, ChatCompletion):
+                        return answer
+                    problem = f"a body that is not a chat completion: {str(answer)[:120]!r}"
+            log.warning("the model server answered %s (try %d of %d)", problem, attempt + 1, self.max_retries + 1)
+        raise UnreadableAnswer(f"the model server answered {problem}")
+
+
+class UnreadableAnswer(openai.OpenAIError):
+    """The server's answer could not be read as a chat completion, however often it was asked."""
+
+
+class Dialects:
+    """Which response-format dialect this reasoner sends: the configured one, or (``auto``) the
+    first of :data:`~flotilla_reasoning.dialects.AUTO_ORDER` the server accepts. The choice is
+    settled by the first answer and kept for the process's life."""
+
+    def __init__(self, choice: DialectChoice) -> None:
+        self.auto = choice == "auto"
+        self._order: list[Dialect] = list(AUTO_ORDER) if choice == "auto" else [choice]
+        self._index = 0
+        self.settled = not self.auto
+
+    @property
+    def current(self) -> Dialect:
+        return self._order[self._index]
+
+    def fall_back(self, refusal: openai.APIStatusError) -> bool:
+        """Move to the next dialect after ``refusal``; False when none is left."""
+        if self._index + 1 >= len(self._order):
+            return False
+        log.warning(
+            "the model server refused response_format %s (HTTP %s): trying %s",
+            self.current,
+            refusal.status_code,
+            self._order[self._index + 1],
+        )
+        self._index += 1
+        return True
+
+    def settle(self) -> None:
+        if not self.settled:
+            self.settled = True
+            LLM_DIALECT.labels(self.current).set(1)
+            log.info("the model server accepts response_format %s: using it", self.current)

@@ -12,6 +12,8 @@ from flotilla_evidence.settings import EvidenceSettings
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from flotilla_reasoning.dialects import DialectChoice
+
 Strategy = Literal["scale", "failover", "failover-then-scale"]
 
 
@@ -33,6 +35,12 @@ class AgentSettings(EvidenceSettings):
     llm_timeout_seconds: float = 60.0
     llm_max_retries: int = 2  # transport retries inside the client (not answer retries)
     llm_temperature: float = 0.0
+    # How to ask this server for a schema-shaped answer (flotilla_reasoning.dialects): auto
+    # finds out on the first call; name one to skip the probing or to pin a server's form.
+    llm_response_format: DialectChoice = "auto"
+    # The longest answer asked for (the request's max_tokens): a decision is a few hundred
+    # tokens, and a model that rambles should stop, not spend the incident's budget.
+    llm_max_tokens: int = Field(1024, gt=0)
 
     # The rules reasoner's thresholds and its remediation strategy.
     rules_suspect_ratio: float = Field(2.0, gt=1.0)  # dependency p95 / its normal to suspect it

@@ -23,7 +23,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 
 class ThreadedServer:
@@ -80,6 +80,8 @@ class Answer:
     refusal: str | None = None
     finish_reason: str = "stop"
     status: int = 200  # anything else: an error response (the client raises)
+    raw: bytes | None = None  # sent as the body instead of a completion (a garbled answer)
+    media_type: str = "application/json"
 
 
 def answer(value: Answer | str | dict[str, Any], **usage: int) -> Answer:
@@ -158,13 +160,15 @@ class FakeOpenAI:
         app = FastAPI(title="fake-openai", docs_url=None, redoc_url=None)
 
         @app.post("/v1/chat/completions")
-        async def completions(request: Request) -> JSONResponse:
+        async def completions(request: Request) -> Response:
             body = await request.json()
             number, scripted = self._next(body, request.headers.get("authorization"))
             if scripted is None:
                 return _error(503, "fake-openai: no scripted answer left")
-            if scripted.status != 200:
-                return _error(scripted.status, f"fake-openai: scripted status {scripted.status}")
+            if scripted.raw is not None:
+                return Response(scripted.raw, status_code=scripted.status, media_type=scripted.media_type)
+            if scripted.status != 200:  # the content, if any, is the error's message
+                return _error(scripted.status, scripted.content or f"fake-openai: scripted status {scripted.status}")
             return JSONResponse(
                 {
                     "id": f"chatcmpl-fake-{number}",

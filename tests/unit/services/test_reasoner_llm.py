@@ -26,6 +26,7 @@ from flotilla_reasoning.decision import (
     parse_json_object,
     schema_problems,
 )
+from flotilla_reasoning.dialects import enums_alone
 
 from tests.fakes.fake_openai import (
     MALFORMED,
@@ -231,10 +232,77 @@ def test_a_refusal_and_a_cut_off_answer_are_bad_answers(fake: FakeOpenAI, reason
 
 
 def test_a_server_that_does_not_answer_fails_without_an_answer_retry(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(diagnosis_answer(INCIDENT))
+    reasoner.diagnose(the_evidence())  # the server has answered: its dialect is settled
+    fake.reset()
     fake.script(Answer(None, status=500))
     with pytest.raises(ReasoningFailed, match="did not answer"):
         reasoner.diagnose(the_evidence())
     assert len(fake.requests) == 1
+
+
+# ---------------------------------------------------------- the dialects
+
+LLAMA_CPP_PYTHON_REFUSAL = Answer('{"type": "internal_server_error"}', status=500)
+
+
+def test_auto_finds_the_form_a_server_accepts_and_keeps_it(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    # llama-cpp-python: json_schema is an internal error, json_object with a schema works
+    fake.script(LLAMA_CPP_PYTHON_REFUSAL, diagnosis_answer(INCIDENT), diagnosis_answer(INCIDENT))
+    reasoner.diagnose(the_evidence())
+    first, second = fake.requests[0]["response_format"], fake.requests[1]["response_format"]
+    assert first["type"] == "json_schema" and first["json_schema"]["schema"] == DIAGNOSIS_SCHEMA
+    assert second == {"type": "json_object", "schema": enums_alone(DIAGNOSIS_SCHEMA)}
+    cause = second["schema"]["properties"]["causeCategory"]
+    assert "type" not in cause and None in cause["enum"]  # the grammar holds the enum, null included
+    assert reasoner.dialects.settled and reasoner.dialects.current == "json_object_schema"
+    reasoner.diagnose(the_evidence())
+    assert fake.requests[2]["response_format"] == second  # no probing again
+    assert reasoner.last_attempts == 1
+
+
+def test_auto_falls_back_on_a_validation_error_naming_the_format(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    # old llama-server builds: 400 "response_format type must be one of ..."
+    refusal = "'response_format' type must be one of 'text' or 'json_object', got: json_schema"
+    fake.script(Answer(refusal, status=400), Answer(refusal, status=400), diagnosis_answer(INCIDENT))
+    reasoner.diagnose(the_evidence())
+    assert [r["response_format"]["type"] for r in fake.requests] == ["json_schema", "json_object", "json_object"]
+    plain = fake.requests[2]
+    assert "schema" not in plain["response_format"]
+    # nothing constrains a plain JSON object: the schema goes in the system prompt instead
+    assert json.dumps(DIAGNOSIS_SCHEMA) in plain["messages"][0]["content"]
+    assert json.dumps(DIAGNOSIS_SCHEMA) not in fake.requests[0]["messages"][0]["content"]
+
+
+def test_auto_does_not_mistake_another_client_error_for_a_refused_format(
+    fake: FakeOpenAI, reasoner: LLMReasoner
+) -> None:
+    fake.script(Answer("model 'test-model' not found", status=404))
+    with pytest.raises(ReasoningFailed, match="NotFoundError"):
+        reasoner.diagnose(the_evidence())
+    fake.script(Answer("invalid api key", status=400))
+    with pytest.raises(ReasoningFailed, match="BadRequestError"):
+        reasoner.diagnose(the_evidence())
+    assert len(fake.requests) == 2 and not reasoner.dialects.settled
+
+
+def test_a_server_refusing_every_form_fails_the_decision(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
+    fake.script(*[LLAMA_CPP_PYTHON_REFUSAL] * 3)
+    with pytest.raises(ReasoningFailed, match="InternalServerError"):
+        reasoner.diagnose(the_evidence())
+    assert len(fake.requests) == 3
+
+
+def test_a_configured_dialect_is_sent_as_is_and_never_probed(fake: FakeOpenAI) -> None:
+    pinned = LLMReasoner(
+        base_url=fake.base_url, model="m", timeout=5, max_retries=0, dialect="json_object_schema", max_tokens=300
+    )
+    fake.script(LLAMA_CPP_PYTHON_REFUSAL)
+    with pytest.raises(ReasoningFailed, match="InternalServerError"):
+        pinned.diagnose(the_evidence())
+    (request,) = fake.requests
+    assert request["response_format"] == {"type": "json_object", "schema": enums_alone(DIAGNOSIS_SCHEMA)}
+    assert request["max_tokens"] == 300  # a rambling model stops there instead of spending the budget
 
 
 def test_an_unreachable_server_fails() -> None:
@@ -294,3 +362,21 @@ def test_the_evidence_the_model_sees_includes_baselines_and_utilization(
         "baselineP95Ms": 35.0,
     }
     assert facts["topology"]["poolUtilization"] == {"checkout-api": 2.125}
+
+
+# ---------------------------------------------------------- garbled answers
+
+CUT_OFF = Answer(None, raw=b'{"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "mess')
+PROXY_PAGE = Answer(None, raw=b"<html><body>502 Bad Gateway</body></html>", media_type="text/html")
+
+
+@pytest.mark.parametrize("garbled", [CUT_OFF, PROXY_PAGE], ids=["cut-off", "html"])
+def test_a_garbled_body_is_asked_again_then_fails_the_decision(fake: FakeOpenAI, garbled: Answer) -> None:
+    patient = LLMReasoner(base_url=fake.base_url, model="m", timeout=5, max_retries=1, dialect="json_schema")
+    fake.script(garbled, diagnosis_answer(INCIDENT))
+    patient.diagnose(the_evidence())  # once garbled, then a good answer: accepted
+    fake.script(garbled, garbled)
+    with pytest.raises(ReasoningFailed, match="UnreadableAnswer") as failed:
+        patient.diagnose(the_evidence())
+    assert "not" in failed.value.problems[0]
+    assert len(fake.requests) == 4
