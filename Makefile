@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm chaos clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,14 +34,21 @@ lock: ## Re-resolve pyproject.toml's pins in a scratch venv and write constraint
 	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude flotilla; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
-demo: fleet-up ## Main job: a full local incident, from a slow service to a verified recovery, live
+# DEMO_REASONER=llm: both agents reason through the local model server (started first).
+demo: $(if $(filter llm,$(DEMO_REASONER)),model-up) fleet-up ## Main job: a full local incident, from a slow service to a verified recovery, live
 	@$(PY) infra/local/demo.py
 
 demo-outbox: stack-up schemas ## The outbox round trip alone, shown live
 	$(PY) infra/local/outbox_demo.py
 
 fleet-up: stack-up schemas ## Start the sim and the seven services (needs the stack)
-	@$(PY) infra/local/fleetctl.py up
+	@$(if $(filter llm,$(DEMO_REASONER)),FLOTILLA_REASONER=llm) $(PY) infra/local/fleetctl.py up
+
+model-up: stack-up ## Start the local model server (llama-cpp-python + SmolLM2; built on first use, ~6 min)
+	@$(STACKCTL) model-up
+
+model-down: $(STAMP) ## Stop the local model server (the stack keeps running)
+	@$(STACKCTL) model-down
 
 fleet-down: $(STAMP) ## Stop the fleet (the stack keeps running)
 	$(PY) infra/local/fleetctl.py down

