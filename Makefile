@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-integration test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm chaos clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -95,12 +95,16 @@ browser: ## Debian's chromium for the web console's browser test (installed when
 
 check: lint test-unit ## The fast lane: lint and the unit tests, no stack (what pre-commit runs, and CI first)
 
-test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, and a short chaos soak
+test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, the model lane, and a short chaos soak
 	$(VENV)/bin/pytest tests/integration tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/model -s $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/chaos -s $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## Only the fast unit tests (no stack)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test-model: $(STAMP) ## Only the model lane: incidents and the evaluation suite through the local model server (built on first use)
+	$(VENV)/bin/pytest tests/model -s $(PYTEST_ARGS)
 
 test-integration: $(STAMP) ## Only the tests on the real stack
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
@@ -131,6 +135,15 @@ bench-idle: fleet-up ## What the idle fleet costs: CPU (% of a core) and memory 
 
 bench-authority: $(STAMP) ## What signing and verifying commands and proposals cost (no stack)
 	$(PY) benchmarks/authority.py
+
+EVAL_ARGS ?=
+
+bench-eval: $(STAMP) ## Score the rules reasoner (and the model in FLOTILLA_LLM_* when set) on the evaluation suite
+	$(VENV)/bin/flotilla eval --reasoner rules $(EVAL_ARGS)
+	@if [ -n "$$FLOTILLA_LLM_BASE_URL" ] && [ -n "$$FLOTILLA_LLM_MODEL" ]; then \
+	  echo "[bench-eval] $$FLOTILLA_LLM_MODEL at $$FLOTILLA_LLM_BASE_URL"; \
+	  $(VENV)/bin/flotilla eval --reasoner llm $(EVAL_ARGS); \
+	else echo "[bench-eval] FLOTILLA_LLM_BASE_URL / FLOTILLA_LLM_MODEL unset: only the rules reasoner was scored"; fi
 
 clean: ## Remove the virtualenv and caches (keeps .stack; see stack-reset)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

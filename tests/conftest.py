@@ -23,6 +23,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if "chaos" in parts:
             item.add_marker(pytest.mark.chaos)
+        if "model" in parts and parts[1] == "model":
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture()

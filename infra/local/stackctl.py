@@ -50,8 +50,7 @@ from typing import TYPE_CHECKING, Any
 if str(Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests), not run
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from modelserver import ALIAS as MODEL_ALIAS  # noqa: E402
-from modelserver import ModelServer  # noqa: E402
+import modelserver  # after the path line above: run by path, not as a package
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -278,7 +277,8 @@ DEFAULT_PORTS = {
 PORTS = {key: int(os.environ.get(PORT_ENV[key], default)) for key, default in DEFAULT_PORTS.items()}
 HOST = "127.0.0.1"
 SUPERVISOR = Supervisor(RUN, "supervisor", STACK_HOME)
-MODEL_SERVER = ModelServer(STACK_HOME / "model-server", HOST, PORTS["model-server"])
+MODEL_SERVER = modelserver.ModelServer(STACK_HOME / "model-server", HOST, PORTS["model-server"])
+MODEL_ALIAS = modelserver.ALIAS
 
 
 def stack_env() -> dict[str, str]:
@@ -302,10 +302,6 @@ def stack_env() -> dict[str, str]:
         # The token Alertmanager's webhook presents (the fleet gives the health agent its
         # digest; tests that act as Alertmanager read it here).
         "FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE": str(ALERT_WEBHOOK_TOKEN_FILE),
-        # Where the optional model server answers once `model-up` started it (the agents
-        # use it only with FLOTILLA_REASONER=llm and FLOTILLA_LLM_BASE_URL pointing here).
-        "FLOTILLA_MODEL_SERVER_URL": MODEL_SERVER.url,
-        "FLOTILLA_MODEL_SERVER_MODEL": MODEL_ALIAS,
     }
 
 

@@ -3,7 +3,8 @@
 Commands (``flotilla --help``, ``flotilla <command> --help``): ``publish`` (the CLI
 producer), ``tail``, ``types``, ``incidents list|show``, ``approvals list|show``,
 ``whoami``, ``approve``, ``reject``, ``dlq list|show|requeue``, ``audit verify``, ``stack
-up|down|status``, ``fleet up|down|restart|status``, ``demo``. Shell completion:
+up|down|status``, ``fleet up|down|restart|status``, ``demo``, ``eval`` (the evaluation
+suite, :mod:`flotilla_ops.cli.evaluation`). Shell completion:
 ``flotilla --install-completion``.
 
 ``--json`` (on the root, ``flotilla --json <command>``, or on each command) prints JSON
@@ -24,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from flotilla_ops.cli import approvals, audit, dlq, incidents, stack
+from flotilla_ops.cli import approvals, audit, dlq, evaluation, incidents, stack
 from flotilla_ops.cli.output import JSON_META, ExitCode
 from flotilla_ops.cli.publish import publish
 from flotilla_ops.cli.runtime import Runtime
@@ -69,6 +70,7 @@ app.add_typer(audit.app, name="audit")
 app.add_typer(stack.stack_app, name="stack")
 app.add_typer(stack.fleet_app, name="fleet")
 app.command("demo")(stack.demo)
+app.command("eval", context_settings=evaluation.PASS_THROUGH, add_help_option=False)(evaluation.evaluate)
 
 
 def main() -> None:

@@ -1,0 +1,172 @@
+"""A recording tap in front of the real model server.
+
+The fleet of this lane talks to the llama-cpp-python server through this tap, which
+forwards every request as it is and keeps what went through (each request's body, the
+status and body of the answer), so a test can compare the ``usage`` the server reported
+with what the incident's budget counted. It answers nothing by itself: every answer is
+the server's. A test may ask it to spoil the next answers the way a network or a proxy
+does (an HTTP 429 or 503 in place of the server's answer, a body cut in half, an HTML
+error page), which the real server never does on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+Spoil = Literal["429", "503", "truncated", "not-json"]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request through the tap and what came back."""
+
+    request: dict[str, Any]
+    status: int
+    answer: dict[str, Any] | None  # the server's JSON answer (None: not JSON, or spoiled)
+    spoiled: Spoil | None = None
+
+    @property
+    def incident(self) -> str | None:
+        """The incident a decision request is about (its facts name it)."""
+        for message in self.request.get("messages", []):
+            if message.get("role") == "user":
+                try:
+                    facts = json.loads(message.get("content") or "")
+                except ValueError:
+                    continue
+                if isinstance(facts, dict) and "incidentId" in facts:
+                    return str(facts["incidentId"])
+        return None
+
+    @property
+    def agent(self) -> str:
+        """Which agent asked: the system prompt says whose role the model plays."""
+        system = str(self.request.get("messages", [{}])[0].get("content", ""))
+        return "remediation" if "remediation agent" in system else "diagnostic"
+
+    @property
+    def tokens(self) -> int:
+        usage = (self.answer or {}).get("usage") or {}
+        return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+
+
+class ModelTap:
+    """Forwards ``/v1/*`` to ``upstream`` (the model server's base URL, without /v1)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.exchanges: list[Exchange] = []
+        self._spoils: deque[Spoil] = deque()
+        self._pending: list[str | None] = []  # the incidents of requests being forwarded now
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, name="model-tap", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def spoil(self, *how: Spoil) -> None:
+        """Spoil the next answers, one per request, in order."""
+        with self._lock:
+            self._spoils.extend(how)
+
+    def in_flight(self, incident: str) -> bool:
+        """Whether a request about ``incident`` waits for the server's answer right now."""
+        with self._lock:
+            return incident in self._pending
+
+    def of(self, incident: str) -> list[Exchange]:
+        with self._lock:
+            return [e for e in self.exchanges if e.incident == incident]
+
+    def __enter__(self) -> ModelTap:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _record(self, exchange: Exchange) -> None:
+        with self._lock:
+            self.exchanges.append(exchange)
+
+    def _next_spoil(self) -> Spoil | None:
+        with self._lock:
+            return self._spoils.popleft() if self._spoils else None
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        tap = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self._forward(None)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self._forward(self.rfile.read(length))
+
+            def _forward(self, body: bytes | None) -> None:
+                request = json.loads(body) if body else {}
+                spoil = tap._next_spoil()
+                if spoil in ("429", "503"):
+                    status = int(spoil)
+                    error = {"error": {"message": f"tap: {status}", "type": "tap", "code": None}}
+                    tap._record(Exchange(request, status, None, spoil))
+                    self._send(status, json.dumps(error).encode(), {"Retry-After": "1"})
+                    return
+                forwarded = urllib.request.Request(
+                    tap.upstream + self.path,
+                    data=body,
+                    method=self.command,
+                    headers={"Content-Type": "application/json"},
+                )
+                about = Exchange(request, 0, None).incident
+                with tap._lock:
+                    tap._pending.append(about)
+                try:
+                    with urllib.request.urlopen(forwarded, timeout=600) as resp:
+                        status, raw = resp.status, resp.read()
+                except urllib.error.HTTPError as exc:
+                    status, raw = exc.code, exc.read()
+                except OSError:  # the server is gone: so is the connection to the agent
+                    tap._record(Exchange(request, 0, None))
+                    self.close_connection = True
+                    return
+                finally:
+                    with tap._lock:
+                        tap._pending.remove(about)
+                try:
+                    answer = json.loads(raw)
+                except ValueError:
+                    answer = None
+                if spoil == "truncated":
+                    raw = raw[: len(raw) // 2]
+                elif spoil == "not-json":
+                    raw = b"<html><body>502 Bad Gateway</body></html>"
+                tap._record(Exchange(request, status, answer, spoil))
+                self._send(status, raw, {})
+
+            def _send(self, status: int, raw: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
