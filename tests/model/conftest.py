@@ -29,13 +29,15 @@ STACKCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "stackctl.py")]
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
 
 # How long one call may take before the agent gives up on it, and how often the client
-# tries again: a hung server costs an incident at most 2 x 20 s before it escalates.
+# tries again: a hung server costs an incident 2 x 40 s before it escalates. An answer is
+# at most 320 tokens, which SmolLM2 writes in well under that on 2 cores (~50 tokens/s).
+LLM_TIMEOUT_SECONDS = 40.0
 LLM_SETTINGS = {
     "FLOTILLA_REASONER": "llm",
     "FLOTILLA_LLM_MODEL": "smollm2",
-    "FLOTILLA_LLM_TIMEOUT_SECONDS": "20",
+    "FLOTILLA_LLM_TIMEOUT_SECONDS": str(LLM_TIMEOUT_SECONDS),
     "FLOTILLA_LLM_MAX_RETRIES": "1",
-    "FLOTILLA_LLM_MAX_TOKENS": "512",
+    "FLOTILLA_LLM_MAX_TOKENS": "320",
     # the model is slow next to the rules: give each decision time before a worker's lease lapses
     "FLOTILLA_DIAGNOSTIC_JOB_SECONDS": "1",
 }

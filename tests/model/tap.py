@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import deque
@@ -31,6 +32,7 @@ class Exchange:
     status: int
     answer: dict[str, Any] | None  # the server's JSON answer (None: not JSON, or spoiled)
     spoiled: Spoil | None = None
+    seconds: float = 0.0  # how long the server took (a client that gave up earlier never saw it)
 
     @property
     def incident(self) -> str | None:
@@ -134,6 +136,7 @@ class ModelTap:
                 about = Exchange(request, 0, None).incident
                 with tap._lock:
                     tap._pending.append(about)
+                started = time.monotonic()
                 try:
                     with urllib.request.urlopen(forwarded, timeout=600) as resp:
                         status, raw = resp.status, resp.read()
@@ -154,7 +157,7 @@ class ModelTap:
                     raw = raw[: len(raw) // 2]
                 elif spoil == "not-json":
                     raw = b"<html><body>502 Bad Gateway</body></html>"
-                tap._record(Exchange(request, status, answer, spoil))
+                tap._record(Exchange(request, status, answer, spoil, time.monotonic() - started))
                 self._send(status, raw, {})
 
             def _send(self, status: int, raw: bytes, headers: dict[str, str]) -> None:

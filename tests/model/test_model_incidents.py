@@ -24,7 +24,7 @@ from flotilla_reasoning.decision import DIAGNOSIS_SCHEMA, PROPOSAL_SCHEMA, parse
 from flotilla.fleet import DIAGNOSTIC, REMEDIATION
 from tests.e2e.fleet import Fleet, Seen, Watch, open_incident
 
-from .conftest import STACKCTL
+from .conftest import LLM_TIMEOUT_SECONDS, STACKCTL
 from .tap import Exchange, ModelTap
 
 # A decision by a small model on a loaded 2-core machine takes tens of seconds, and the
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(900)
 DIAGNOSES = {"DependencyFailureSuspected", "DiagnosisConcluded"}
 # Where an incident the model decided rests: a production plan waits for a person; an
 # agent that got no valid answer escalates.
-SETTLED = {"HumanApprovalRequired", "IncidentEscalated"}
+SETTLED = {"HumanApprovalRequired", "IncidentEscalated", "RecoveryRejected"}
 DECIDED_IN = 300  # s: two decisions of up to two answers each, on a loaded 2-core machine
 
 
@@ -42,7 +42,7 @@ def settled(watch: Watch, incident: str, timeout: float = DECIDED_IN) -> Seen:
     return watch.wait(
         lambda s: s.envelope.correlationid == incident and s.kind in SETTLED,
         timeout=timeout,
-        what=f"HumanApprovalRequired or IncidentEscalated for {incident}",
+        what=f"one of {sorted(SETTLED)} for {incident}",
     )
 
 
@@ -105,7 +105,9 @@ def assert_nothing_invalid_reached_a_topic(watch: Watch, tap: ModelTap, incident
         assert any(valid(e, PROPOSAL_SCHEMA) for e in remediation), "a proposal no valid answer supports"
     if not diagnoses or (remediation and not proposals):
         assert watch.of(incident, "IncidentEscalated"), "no valid decision, yet no escalation"
-    assert len(diagnostic) <= 2 and len(remediation) <= 2, "more than one retry per decision"
+    # one retry per decision: a diagnosis after a job for more evidence is a second decision
+    decisions = 1 + len(watch.of(incident, "DiagnosticJobStarted"))
+    assert len(diagnostic) <= 2 * decisions and len(remediation) <= 2, "more than one retry per decision"
 
 
 def test_an_incident_through_the_real_model_flows_on_or_escalates_and_its_tokens_are_the_servers(
@@ -118,10 +120,11 @@ def test_an_incident_through_the_real_model_flows_on_or_escalates_and_its_tokens
     assert_nothing_invalid_reached_a_topic(watch, tap, incident)
     if end.kind == "HumanApprovalRequired":  # production: a person decides, not the model
         assert not watch.of(incident, "RecoveryApproved")
-    # The budget counts what the server reported in `usage`, answer by answer.
+    # The budget counts what the server reported in `usage`, answer by answer (an answer
+    # that came after the agent stopped waiting was never seen, so never counted).
     for member, agent in ((DIAGNOSTIC, "diagnostic"), (REMEDIATION, "remediation")):
-        reported = sum(e.tokens for e in tap.of(incident) if e.agent == agent)
-        assert tokens_counted(member.database or "", fleet, incident) == reported, agent
+        seen = [e for e in tap.of(incident) if e.agent == agent and e.seconds < LLM_TIMEOUT_SECONDS]
+        assert tokens_counted(member.database or "", fleet, incident) == sum(e.tokens for e in seen), agent
 
 
 def test_a_hung_model_server_costs_a_bounded_wait_then_an_escalation(
