@@ -269,7 +269,10 @@ def _one(ctx: ServiceContext, conn: psycopg.Connection[Any], intake: Intake, ale
     if not intake.opens:
         return result("recorded", None)
     incident = _open(ctx, conn, intake, alert, environment, service, signal, now)
-    if detector["open_incident"] is None and detector["phase"] == Phase.BREACHING.value:
+    # The agent's own breach goes on under the new incident: the one it had (if any) is
+    # cleared or finished (open_incident_of found none), and when the breach ends it must
+    # release this one, not that one (else nothing ever releases it).
+    if detector["phase"] == Phase.BREACHING.value:
         conn.execute(
             "UPDATE detector_state SET open_incident = %s WHERE environment = %s AND service = %s",
             (incident, environment, service),

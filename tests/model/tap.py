@@ -32,7 +32,8 @@ class Exchange:
     status: int
     answer: dict[str, Any] | None  # the server's JSON answer (None: not JSON, or spoiled)
     spoiled: Spoil | None = None
-    seconds: float = 0.0  # how long the server took (a client that gave up earlier never saw it)
+    seconds: float = 0.0  # how long the server took
+    delivered: bool = True  # False: the client had hung up (it gave up waiting), so never saw it
 
     @property
     def incident(self) -> str | None:
@@ -157,8 +158,14 @@ class ModelTap:
                     raw = raw[: len(raw) // 2]
                 elif spoil == "not-json":
                     raw = b"<html><body>502 Bad Gateway</body></html>"
-                tap._record(Exchange(request, status, answer, spoil, time.monotonic() - started))
-                self._send(status, raw, {})
+                took = time.monotonic() - started
+                try:
+                    self._send(status, raw, {})
+                except OSError:  # BrokenPipe / reset: the client stopped waiting
+                    self.close_connection = True
+                    tap._record(Exchange(request, status, answer, spoil, took, delivered=False))
+                    return
+                tap._record(Exchange(request, status, answer, spoil, took))
 
             def _send(self, status: int, raw: bytes, headers: dict[str, str]) -> None:
                 self.send_response(status)

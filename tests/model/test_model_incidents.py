@@ -123,7 +123,7 @@ def test_an_incident_through_the_real_model_flows_on_or_escalates_and_its_tokens
     # The budget counts what the server reported in `usage`, answer by answer (an answer
     # that came after the agent stopped waiting was never seen, so never counted).
     for member, agent in ((DIAGNOSTIC, "diagnostic"), (REMEDIATION, "remediation")):
-        seen = [e for e in tap.of(incident) if e.agent == agent and e.seconds < LLM_TIMEOUT_SECONDS]
+        seen = [e for e in tap.of(incident) if e.agent == agent and e.delivered and e.seconds < LLM_TIMEOUT_SECONDS]
         assert tokens_counted(member.database or "", fleet, incident) == sum(e.tokens for e in seen), agent
 
 

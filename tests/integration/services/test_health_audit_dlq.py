@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi.testclient import TestClient
+from flotilla_evidence.catalogue import Catalogue
 from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 from prometheus_client import REGISTRY
 
@@ -48,6 +49,7 @@ from services.audit.chain import Signer
 from services.audit.settings import AuditSettings
 from services.dlq_reconciler import service as dlq_service
 from services.dlq_reconciler.settings import DEMO_OPERATOR_DIGEST, DEMO_OPERATOR_TOKEN, DlqSettings
+from services.health_agent import alerts
 from services.health_agent import service as health_service
 from services.health_agent.incidents import clear
 from services.health_agent.scrape import settled
@@ -405,6 +407,52 @@ def test_a_service_held_by_a_firing_alert_is_not_settled_until_the_alert_resolve
         assert not settled(conn, service)  # ... but the firing alert still holds the incident
         conn.execute("UPDATE alerts SET status = 'resolved' WHERE incident_id = %s", (incident,))
         assert clear(conn, incident, datetime.now(UTC), breaching=False)
+        assert settled(conn, service)
+
+
+def test_an_alert_opening_after_the_agents_incident_finished_is_released_when_the_breach_ends(
+    stack: StackSettings, health: tuple[ServiceContext, HealthSettings], sim: FakeSim
+) -> None:
+    """The agent's incident is finished (escalated) while the breach goes on; an alert then
+    opens a new incident, resolves while the agent still reads the breach (no release),
+    and the breach ends later: the agent's own clearing must release the alert's incident,
+    or the service stays held and no later breach ever opens an incident of its own."""
+    ctx, _ = health
+    service = f"refinished-{RUN}"
+    sim.set(service, 1800.0, 500.0)
+    scrape(ctx, 5)
+    (first,) = incidents_of(stack, service)
+    with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO incident_workflow (incident_id, status, version, opened_at, last_event_id, updated_at) "
+            "VALUES (%s, 'ESCALATED', 1, now(), NULL, now()) "
+            "ON CONFLICT (incident_id) DO UPDATE SET status = 'ESCALATED'",
+            (first,),
+        )
+    intake = alerts.Intake(("service",), ("environment",), "production", Catalogue(), opens=True, topic=TOPIC)
+    started = datetime.now(UTC)
+
+    def alert(status: str) -> alerts.Notification:
+        one = {
+            "status": status,
+            "labels": {"alertname": "LatencyHigh", "service": service},
+            "startsAt": started,
+            "endsAt": datetime.now(UTC) if status == "resolved" else None,
+            "fingerprint": f"fp2-{RUN}",
+        }
+        return alerts.Notification.model_validate({"version": "4", "status": status, "alerts": [one]})
+
+    (opened,) = alerts.receive(ctx, intake, alert("firing"))
+    assert opened.outcome == "opened" and opened.incident_id not in (None, first)
+    (resolved,) = alerts.receive(ctx, intake, alert("resolved"))  # the agent still reads the breach
+    assert resolved.outcome == "resolved"
+    with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
+        assert not settled(conn, service)
+    sim.set(service, 100.0, 500.0)
+    scrape(ctx, 5)  # the breach is over
+    with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
+        held = conn.execute("SELECT cleared_at FROM health_incidents WHERE incident_id = %s", (opened.incident_id,))
+        assert held.fetchone()[0] is not None, "the alert's incident still holds the service"
         assert settled(conn, service)
 
 
