@@ -99,12 +99,16 @@ def settled(conn: psycopg.Connection[Any], service: str) -> bool:
     """Whether ``service`` is healthy with no incident open and no recovery being verified
     (or was never scraped): a fault injected now starts a new, independent incident,
     and cannot fail the verification window of the last one. An incident still held by an
-    alert whose resolution has not arrived yet counts as open: a breach now would join it."""
+    alert whose resolution has not arrived yet counts as open (a breach now would join it)
+    unless the fleet has finished it (a breach now would open a new one:
+    :func:`incidents.open_incident_of`)."""
     row = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,)).fetchone()
     if row is not None and (str(row[0]).lower() != Phase.HEALTHY or row[1] is not None):
         return False
     held = conn.execute(
-        "SELECT 1 FROM health_incidents WHERE service = %s AND cleared_at IS NULL LIMIT 1", (service,)
+        "SELECT h.incident_id FROM health_incidents h LEFT JOIN incident_workflow w USING (incident_id) "
+        "WHERE h.service = %s AND h.cleared_at IS NULL AND (w.status IS NULL OR w.status <> ALL(%s))",
+        (service, [str(status) for status in incidents.FINISHED]),
     ).fetchone()
     if held is not None:
         return False

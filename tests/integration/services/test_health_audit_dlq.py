@@ -405,6 +405,13 @@ def test_a_service_held_by_a_firing_alert_is_not_settled_until_the_alert_resolve
         phase = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,))
         assert phase.fetchone() == ("healthy", None)
         assert not settled(conn, service)  # ... but the firing alert still holds the incident
+        conn.execute(
+            "INSERT INTO incident_workflow (incident_id, status, version, opened_at, updated_at) "
+            "VALUES (%s, 'ESCALATED', 1, now(), now())",
+            (incident,),
+        )
+        assert settled(conn, service)  # a finished incident holds nothing: a breach now opens a new one
+        conn.execute("DELETE FROM incident_workflow WHERE incident_id = %s", (incident,))
         conn.execute("UPDATE alerts SET status = 'resolved' WHERE incident_id = %s", (incident,))
         assert clear(conn, incident, datetime.now(UTC), breaching=False)
         assert settled(conn, service)
