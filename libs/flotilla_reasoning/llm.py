@@ -188,7 +188,9 @@ class LLMReasoner:
     ) -> T:
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": system},
-            {"role": "user", "content": json.dumps(facts, indent=1, default=str)},
+            # Compact: every blank is a token the incident pays for (an estate's topology
+            # with its history runs to thousands), and models read it as well.
+            {"role": "user", "content": json.dumps(facts, separators=(",", ":"), default=str)},
         ]
         usage = TokenUsage()
         problems: list[str] = []

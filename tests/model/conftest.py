@@ -29,9 +29,10 @@ STACKCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "stackctl.py")]
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
 
 # How long one call may take before the agent gives up on it, and how often the client
-# tries again: a hung server costs an incident 2 x 40 s before it escalates. An answer is
-# at most 320 tokens, which SmolLM2 writes in well under that on 2 cores (~50 tokens/s).
-LLM_TIMEOUT_SECONDS = 40.0
+# tries again: a hung server costs an incident 2 x 60 s before it escalates. On 2 cores
+# SmolLM2 reads a prompt at ~160 tokens/s (a local-estate decision is 2-3k tokens) and
+# writes ~50 tokens/s (an answer is at most 320).
+LLM_TIMEOUT_SECONDS = 60.0
 LLM_SETTINGS = {
     "FLOTILLA_REASONER": "llm",
     "FLOTILLA_LLM_MODEL": "smollm2",

@@ -11,11 +11,11 @@ error page), which the real server never does on demand.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,7 +64,8 @@ class ModelTap:
     """Forwards ``/v1/*`` to ``upstream`` (the model server's base URL, without /v1)."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.rstrip("/")
+        parsed = urllib.parse.urlsplit(upstream.rstrip("/"))
+        self.host, self.port, self.prefix = parsed.hostname or "127.0.0.1", parsed.port or 80, parsed.path
         self.exchanges: list[Exchange] = []
         self._spoils: deque[Spoil] = deque()
         self._pending: list[str | None] = []  # the incidents of requests being forwarded now
@@ -77,7 +78,8 @@ class ModelTap:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def spoil(self, *how: Spoil) -> None:
-        """Spoil the next answers, one per request, in order."""
+        """Spoil the next answers, one per request, in order (a body is spoiled only on a
+        200: an error the server answered passes as it is)."""
         with self._lock:
             self._spoils.extend(how)
 
@@ -128,32 +130,38 @@ class ModelTap:
                     tap._record(Exchange(request, status, None, spoil))
                     self._send(status, json.dumps(error).encode(), {"Retry-After": "1"})
                     return
-                forwarded = urllib.request.Request(
-                    tap.upstream + self.path,
-                    data=body,
-                    method=self.command,
-                    headers={"Content-Type": "application/json"},
-                )
                 about = Exchange(request, 0, None).incident
                 with tap._lock:
                     tap._pending.append(about)
                 started = time.monotonic()
+                # http.client, not urllib: urllib always says "Connection: close", and
+                # llama-cpp-python's server may then take the request as already abandoned
+                # ("Client closed request", HTTP 400) before it starts on it.
+                upstream = http.client.HTTPConnection(tap.host, tap.port, timeout=600)
                 try:
-                    with urllib.request.urlopen(forwarded, timeout=600) as resp:
-                        status, raw = resp.status, resp.read()
-                except urllib.error.HTTPError as exc:
-                    status, raw = exc.code, exc.read()
+                    upstream.request(
+                        self.command, tap.prefix + self.path, body=body, headers={"Content-Type": "application/json"}
+                    )
+                    response = upstream.getresponse()
+                    status, raw = response.status, response.read()
                 except OSError:  # the server is gone: so is the connection to the agent
                     tap._record(Exchange(request, 0, None))
                     self.close_connection = True
                     return
                 finally:
+                    upstream.close()
                     with tap._lock:
                         tap._pending.remove(about)
                 try:
                     answer = json.loads(raw)
                 except ValueError:
                     answer = None
+                if spoil in ("truncated", "not-json") and status != 200:
+                    # spoil an answer, not the server's refusal (of a response format it
+                    # does not speak, say): keep it for the next request
+                    with tap._lock:
+                        tap._spoils.appendleft(spoil)
+                    spoil = None
                 if spoil == "truncated":
                     raw = raw[: len(raw) // 2]
                 elif spoil == "not-json":
