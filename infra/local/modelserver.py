@@ -63,6 +63,12 @@ class ModelServer:
         """Whether the venv holds exactly what the requirements file pins."""
         return self.marker.exists() and self.marker.read_text() == REQUIREMENTS.read_text() and self.weights.exists()
 
+    def record_installed(self) -> None:
+        """After the install steps: link the weights where the program looks for them and
+        note what was installed (what :meth:`installed` compares with)."""
+        self.weights.symlink_to(self.find_weights())
+        self.marker.write_text(REQUIREMENTS.read_text())
+
     def install_steps(self, python: str) -> list[list[str]]:
         """The commands that build the venv (run in order, after it is removed)."""
         pip = [str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]

@@ -1229,8 +1229,7 @@ def _install_model_server() -> None:
     env = dict(os.environ, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     for step in MODEL_SERVER.install_steps(sys.executable):
         _run(step, what="the model server's install", log=LOGS / "model-server-install.log", env=env)
-    MODEL_SERVER.weights.symlink_to(MODEL_SERVER.find_weights())
-    MODEL_SERVER.marker.write_text((LOCAL_DIR / "model-server.txt").read_text())
+    MODEL_SERVER.record_installed()
     _say(f"model server built in {time.monotonic() - t0:.0f}s")
 
 

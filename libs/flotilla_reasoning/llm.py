@@ -310,10 +310,9 @@ class Dialects:
     settled by the first answer and kept for the process's life."""
 
     def __init__(self, choice: DialectChoice) -> None:
-        self.auto = choice == "auto"
         self._order: list[Dialect] = list(AUTO_ORDER) if choice == "auto" else [choice]
         self._index = 0
-        self.settled = not self.auto
+        self.settled = choice != "auto"
 
     @property
     def current(self) -> Dialect:

@@ -18,7 +18,7 @@ import pytest
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 
-from .fleet import DEMO_SERVICE, Fleet, Watch
+from .fleet import Fleet, Watch
 from .otlp import OtlpReceiver
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -79,9 +79,5 @@ def fleet(stack: StackSettings, serde: AvroSerde, otlp: OtlpReceiver) -> Iterato
 def watch(fleet: Fleet) -> Iterator[Watch]:
     """A tail of incidents + commands from now on, with the sim reset and the demo service
     healthy again (so each test opens a fresh incident)."""
-    fleet.reset_sim()
-    fleet.wait_until_healthy(DEMO_SERVICE)
-    w = fleet.watch()
-    yield w
-    w.close()
-    fleet.reset_sim()
+    with fleet.fresh_watch() as w:
+        yield w

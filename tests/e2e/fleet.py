@@ -8,7 +8,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -165,6 +166,19 @@ class Fleet:
     def agent_signer(self) -> Signer:
         """The remediation agent's own key: for tests that act as another agent instance."""
         return Signer(load_private_key(self.secrets_dir / "proposal-signing-key.pem"))
+
+    @contextmanager
+    def fresh_watch(self, service: str | None = None) -> Iterator[Watch]:
+        """A tail of incidents + commands from now on, with the sim reset and ``service``
+        settled first (so a test opens a fresh incident); the sim is reset again after."""
+        self.reset_sim()
+        self.wait_until_healthy(service or DEMO_SERVICE)
+        w = self.watch()
+        try:
+            yield w
+        finally:
+            w.close()
+            self.reset_sim()
 
     def reset_sim(self) -> None:
         self.sim("POST", "/reset", {})

@@ -20,7 +20,7 @@ import pytest
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from tests.e2e.conftest import E2E_SETTINGS
-from tests.e2e.fleet import DEMO_SERVICE, Fleet, Watch
+from tests.e2e.fleet import Fleet, Watch
 
 from .tap import ModelTap
 
@@ -90,9 +90,5 @@ def fleet(stack: StackSettings, serde: AvroSerde, tap: ModelTap) -> Iterator[Fle
 @pytest.fixture()
 def watch(fleet: Fleet) -> Iterator[Watch]:
     """A tail of incidents + commands from now on, the sim reset and the demo service settled."""
-    fleet.reset_sim()
-    fleet.wait_until_healthy(DEMO_SERVICE)
-    w = fleet.watch()
-    yield w
-    w.close()
-    fleet.reset_sim()
+    with fleet.fresh_watch() as w:
+        yield w

@@ -381,6 +381,23 @@ def test_health_agent_opens_one_incident_per_sustained_breach_and_verifies_recov
         loop.run()  # closes the consumer
 
 
+def breach_opens_an_incident(ctx: ServiceContext, stack: StackSettings, sim: FakeSim, service: str) -> str:
+    """Breach ``service`` long enough for the agent to open its incident; that incident."""
+    sim.set(service, 1800.0, 500.0)
+    scrape(ctx, 5)
+    (incident,) = incidents_of(stack, service)
+    return incident
+
+
+def mark_escalated(conn: psycopg.Connection[Any], incident: str) -> None:
+    """The health agent's workflow row says the fleet has finished ``incident`` (escalated)."""
+    conn.execute(
+        "INSERT INTO incident_workflow (incident_id, status, version, opened_at, updated_at) "
+        "VALUES (%s, 'ESCALATED', 1, now(), now()) ON CONFLICT (incident_id) DO UPDATE SET status = 'ESCALATED'",
+        (incident,),
+    )
+
+
 def test_a_service_held_by_a_firing_alert_is_not_settled_until_the_alert_resolves(
     stack: StackSettings, health: tuple[ServiceContext, HealthSettings], sim: FakeSim
 ) -> None:
@@ -389,9 +406,7 @@ def test_a_service_held_by_a_firing_alert_is_not_settled_until_the_alert_resolve
     waits for a settled service (tests, benchmarks) must see it as not settled."""
     ctx, _ = health
     service = f"held-{RUN}"
-    sim.set(service, 1800.0, 500.0)
-    scrape(ctx, 5)
-    (incident,) = incidents_of(stack, service)
+    incident = breach_opens_an_incident(ctx, stack, sim, service)
     with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
         conn.execute(
             "INSERT INTO alerts (fingerprint, starts_at, alert_name, environment, service, signal, labels, "
@@ -405,11 +420,7 @@ def test_a_service_held_by_a_firing_alert_is_not_settled_until_the_alert_resolve
         phase = conn.execute("SELECT phase, open_incident FROM detector_state WHERE service = %s", (service,))
         assert phase.fetchone() == ("healthy", None)
         assert not settled(conn, service)  # ... but the firing alert still holds the incident
-        conn.execute(
-            "INSERT INTO incident_workflow (incident_id, status, version, opened_at, updated_at) "
-            "VALUES (%s, 'ESCALATED', 1, now(), now())",
-            (incident,),
-        )
+        mark_escalated(conn, incident)
         assert settled(conn, service)  # a finished incident holds nothing: a breach now opens a new one
         conn.execute("DELETE FROM incident_workflow WHERE incident_id = %s", (incident,))
         conn.execute("UPDATE alerts SET status = 'resolved' WHERE incident_id = %s", (incident,))
@@ -426,16 +437,9 @@ def test_an_alert_opening_after_the_agents_incident_finished_is_released_when_th
     or the service stays held and no later breach ever opens an incident of its own."""
     ctx, _ = health
     service = f"refinished-{RUN}"
-    sim.set(service, 1800.0, 500.0)
-    scrape(ctx, 5)
-    (first,) = incidents_of(stack, service)
+    first = breach_opens_an_incident(ctx, stack, sim, service)
     with psycopg.connect(stack.pg_dsn(HEALTH_DB), autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO incident_workflow (incident_id, status, version, opened_at, last_event_id, updated_at) "
-            "VALUES (%s, 'ESCALATED', 1, now(), NULL, now()) "
-            "ON CONFLICT (incident_id) DO UPDATE SET status = 'ESCALATED'",
-            (first,),
-        )
+        mark_escalated(conn, first)
     intake = alerts.Intake(("service",), ("environment",), "production", Catalogue(), opens=True, topic=TOPIC)
     started = datetime.now(UTC)
 
