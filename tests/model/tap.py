@@ -68,6 +68,9 @@ class ModelTap:
         self.host, self.port, self.prefix = parsed.hostname or "127.0.0.1", parsed.port or 80, parsed.path
         self.exchanges: list[Exchange] = []
         self._spoils: deque[Spoil] = deque()
+        # incidents the tap had heard of when the spoils were asked for: their late
+        # requests (a retry, a second decision) must not take a spoil meant for the next one
+        self._spared: set[str | None] = {None}
         self._pending: list[str | None] = []  # the incidents of requests being forwarded now
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -78,10 +81,13 @@ class ModelTap:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def spoil(self, *how: Spoil) -> None:
-        """Spoil the next answers, one per request, in order (a body is spoiled only on a
-        200: an error the server answered passes as it is)."""
+        """Spoil the next answers about an incident the tap has not seen yet, one per
+        request, in order (a body is spoiled only on a 200: an error the server answered
+        passes as it is). Requests that name no incident, or one seen before this call,
+        pass untouched."""
         with self._lock:
             self._spoils.extend(how)
+            self._spared = {None, *self._pending, *(e.incident for e in self.exchanges)}
 
     def in_flight(self, incident: str) -> bool:
         """Whether a request about ``incident`` waits for the server's answer right now."""
@@ -104,9 +110,11 @@ class ModelTap:
         with self._lock:
             self.exchanges.append(exchange)
 
-    def _next_spoil(self) -> Spoil | None:
+    def _next_spoil(self, incident: str | None) -> Spoil | None:
         with self._lock:
-            return self._spoils.popleft() if self._spoils else None
+            if not self._spoils or incident in self._spared:
+                return None
+            return self._spoils.popleft()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         tap = self
@@ -123,14 +131,14 @@ class ModelTap:
 
             def _forward(self, body: bytes | None) -> None:
                 request = json.loads(body) if body else {}
-                spoil = tap._next_spoil()
+                about = Exchange(request, 0, None).incident
+                spoil = tap._next_spoil(about)
                 if spoil in ("429", "503"):
                     status = int(spoil)
                     error = {"error": {"message": f"tap: {status}", "type": "tap", "code": None}}
                     tap._record(Exchange(request, status, None, spoil))
                     self._send(status, json.dumps(error).encode(), {"Retry-After": "1"})
                     return
-                about = Exchange(request, 0, None).incident
                 with tap._lock:
                     tap._pending.append(about)
                 started = time.monotonic()

@@ -171,7 +171,10 @@ def test_a_spoiled_answer_is_asked_again_then_escalated(
     escalated = watch.kind("IncidentEscalated", incident, timeout=DECIDED_IN)
     watch.settle(2)
     spoilt = [e for e in tap.of(incident) if e.spoiled == spoiled]
-    assert len(spoilt) == 2, [(e.status, e.spoiled, e.answer if e.status != 200 else None) for e in tap.of(incident)]
+    assert len(spoilt) == 2, {
+        "this incident": [(e.status, e.spoiled) for e in tap.of(incident)],
+        "spoiled": [(e.incident, e.spoiled) for e in tap.exchanges if e.spoiled],
+    }
     assert "did not answer" in str(escalated.value.get("reason")), escalated.value
     assert not [s for s in watch.of(incident) if s.kind in DIAGNOSES]
 
