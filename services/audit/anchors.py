@@ -5,7 +5,10 @@ re-sign a rebuilt chain, and the chain would still be consistent with itself. Ka
 log is append-only for everyone but its administrators, so every few seconds — when the
 log has grown — the audit service publishes the head (last seq and its hash), signed, to
 ``audit.anchors`` through its outbox like every record it publishes. ``/verify`` reads
-every anchor back and holds the log against them (:func:`services.audit.chain.check_anchors`).
+every anchor back and holds the log against each one signed by a trusted key
+(:func:`services.audit.chain.check_anchors`); whatever else is on the topic (an unknown
+key, a signature that does not verify, a record that is no anchor) is reported as
+untrusted and changes no verdict.
 
 What that leaves: entries recorded after the newest anchor (at most one period, 5 s) can
 be cut without a trace; and whoever holds the signing key *and* can delete records from
@@ -24,7 +27,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from flotilla import AvroSerde, KafkaTarget, SerdeError, ServiceContext, kafka_connection
 from flotilla.records import ChainAnchored
-from services.audit.chain import Anchor, Signer, anchor
+from services.audit.chain import Anchor, Signer, anchor, unreadable_anchor
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,9 @@ class AnchorsUnavailable(Exception):
 
 
 def read_anchors(bootstrap: KafkaTarget, topic: str, serde: AvroSerde, timeout: float = 10.0) -> list[Anchor]:
-    """Every anchor on ``topic``, from its start to the end it had when asked."""
+    """Every record on ``topic``, from its start to the end it had when asked: an anchor,
+    or (:func:`~services.audit.chain.unreadable_anchor`) what made it none, for
+    ``/verify`` to report. Nothing here is trusted yet."""
     consumer = Consumer(
         {**kafka_connection(bootstrap), "group.id": f"audit-verify-{uuid.uuid4()}", "enable.auto.commit": False}
     )
@@ -105,18 +110,24 @@ def read_anchors(bootstrap: KafkaTarget, topic: str, serde: AvroSerde, timeout: 
                     remaining.pop(tp.partition)
             if msg is None or msg.error():
                 continue
+            where = f"{topic}[{msg.partition()}]@{msg.offset()}"
             try:
                 decoded = serde.deserialize(msg.value(), topic=topic)
             except SerdeError as exc:  # someone else's bytes on the topic: no anchor (and not a verdict)
-                log.warning("%s[%s]@%s is not an anchor: %s", topic, msg.partition(), msg.offset(), exc)
+                log.warning("%s is not an anchor: %s", where, exc)
+                anchors.append(unreadable_anchor(where, f"it does not decode: {exc}"[:300]))
                 continue
             if decoded.record_name != ChainAnchored.TYPE:
-                log.warning(
-                    "%s[%s]@%s is a %s, not an anchor", topic, msg.partition(), msg.offset(), decoded.record_name
-                )
+                log.warning("%s is a %s, not an anchor", where, decoded.record_name)
+                anchors.append(unreadable_anchor(where, f"it is a {str(decoded.record_name)[:200]}, not an anchor"))
                 continue
-            found = ChainAnchored.from_value(decoded.value)
-            anchors.append(Anchor(found.seq, found.entry_hash, found.key_id, found.anchored_at, found.signature))
+            try:
+                found = ChainAnchored.from_value(decoded.value)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("%s is not a readable anchor: %s", where, exc)
+                anchors.append(unreadable_anchor(where, f"it is not a readable anchor: {exc}"[:300]))
+                continue
+            anchors.append(Anchor(found.seq, found.entry_hash, found.key_id, found.anchored_at, found.signature, where))
         return anchors
     finally:
         consumer.close()

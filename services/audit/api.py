@@ -16,7 +16,15 @@ from psycopg.rows import dict_row
 from flotilla import ServiceContext
 from flotilla.keys import Keyring
 from services.audit.anchors import AnchorsUnavailable
-from services.audit.chain import Anchor, ChainVerifier, Entry, Sealed, Signer, check_anchors
+from services.audit.chain import (
+    Anchor,
+    ChainVerifier,
+    Entry,
+    Sealed,
+    Signer,
+    hold_anchors,
+    sort_anchors,
+)
 from services.audit.sharedrun import Busy, SharedRun
 from services.audit.timeline import TimelineRow, event_time, is_dead_letter_topic, summary, timeline
 
@@ -93,9 +101,11 @@ def verify_chain(
     against the trusted keys, then hold it against every published anchor.
 
     The anchors are read first: each names a head the log had before the snapshot, so an
-    honest log contains every one of them."""
+    honest log contains every one of them. Only anchors signed by a trusted key are
+    evidence (all of them are checked); the rest are listed as ``untrustedAnchors`` and
+    never make the verdict broken: whoever can write the topic can publish them."""
     try:
-        published = anchors()
+        published = sort_anchors(anchors(), trusted)
     except AnchorsUnavailable as exc:
         raise HTTPException(503, {"error": f"no verdict without the anchors: {exc}"}) from None
     verifier = ChainVerifier(trusted)
@@ -112,10 +122,10 @@ def verify_chain(
                 if not rows or not verifier.feed(_sealed(r) for r in rows):
                     break
         anchored = conn.execute(
-            "SELECT seq, entry_hash FROM audit_log WHERE seq = ANY(%s)", (sorted({a.seq for a in published}),)
+            "SELECT seq, entry_hash FROM audit_log WHERE seq = ANY(%s)", (published.seqs(),)
         ).fetchall()
     result = verifier.finish(int(head[0]), bytes(head[1]))
-    against = check_anchors(published, trusted, result.last_seq, {int(q): bytes(h) for q, h in anchored})
+    against = hold_anchors(published, result.last_seq, {int(q): bytes(h) for q, h in anchored})
     broken = result.broken or against.broken
     ok = broken is None
     CHAIN_OK.set(1 if ok else 0)
@@ -124,6 +134,7 @@ def verify_chain(
         ok=ok,
         firstBroken=None if broken is None else {"seq": broken.seq, "problem": broken.problem},
         anchors=against.as_json(),
+        untrustedAnchors=against.untrusted_json(),
         trustedKeys=sorted(trusted),
     )
     return verdict

@@ -18,7 +18,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from cryptography.exceptions import InvalidSignature
@@ -225,6 +225,10 @@ class Anchor:
     key_id: str
     anchored_at: datetime
     signature: bytes
+    where: str | None = field(default=None, compare=False)  # topic[partition]@offset, when read
+    # Set when the record at ``where`` was no readable anchor (the claims are then empty):
+    # why. See :func:`unreadable_anchor`.
+    unreadable: str | None = field(default=None, compare=False)
 
     def message(self) -> bytes:
         return anchor_message(self.seq, self.entry_hash, self.key_id, self.anchored_at)
@@ -240,49 +244,173 @@ def anchor(seq: int, entry_hash: bytes, signer: Signer, at: datetime) -> Anchor:
     return Anchor(seq, entry_hash, signer.key_id, at, signer.sign(anchor_message(seq, entry_hash, signer.key_id, at)))
 
 
+# Why an anchor is not taken as evidence (``UntrustedAnchor.reason``).
+MALFORMED = "malformed"
+UNTRUSTED_KEY = "untrusted-key"
+BAD_SIGNATURE = "bad-signature"
+
+UNTRUSTED_LISTED = 10  # how many untrusted anchors a verdict lists (it counts them all)
+_SHOWN = 40  # characters of an untrusted anchor's key id a report repeats (its writer chose it)
+
+
+def unreadable_anchor(where: str, problem: str) -> Anchor:
+    """A record on the anchors topic that is no readable anchor: kept (where it is and
+    why) for ``/verify`` to list as untrusted, with no claims."""
+    return Anchor(0, b"", "", datetime.fromtimestamp(0, UTC), b"", where, problem)
+
+
+@dataclass(frozen=True)
+class UntrustedAnchor:
+    """Something on the anchors topic that is not evidence: not readable, not signed by a
+    trusted key, or its signature does not verify. Reported, never a verdict by itself:
+    whoever can write the topic can publish one."""
+
+    reason: str  # MALFORMED, UNTRUSTED_KEY or BAD_SIGNATURE
+    problem: str
+    seq: int | None = None
+    key_id: str | None = None
+    where: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "keyId": self.key_id,
+            "where": self.where,
+            "reason": self.reason,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True)
+class SortedAnchors:
+    """The anchors read, split: ``genuine`` (signed by a trusted key, in seq order) are
+    evidence; ``untrusted`` (in the order read) are only reported."""
+
+    genuine: tuple[Anchor, ...]
+    untrusted: tuple[UntrustedAnchor, ...]
+
+    def seqs(self) -> list[int]:
+        """The entries the genuine anchors name: the only ones the log is asked for."""
+        return sorted({a.seq for a in self.genuine})
+
+
+def _shown(kid: str) -> str:
+    return kid if len(kid) <= _SHOWN else kid[:_SHOWN] + "…"
+
+
+def _malformed(item: Anchor) -> str | None:
+    if isinstance(item.seq, bool) or not isinstance(item.seq, int) or item.seq < 1:
+        return f"its seq {item.seq!r} names no entry (entries start at 1)"
+    if not isinstance(item.entry_hash, bytes) or len(item.entry_hash) != 32:
+        return "its hash is not 32 bytes"
+    if not isinstance(item.signature, bytes) or len(item.signature) != 64:
+        return "its signature is not 64 bytes"
+    if not isinstance(item.key_id, str):
+        return "it names no key id"
+    if not isinstance(item.anchored_at, datetime) or item.anchored_at.tzinfo is None:
+        return "its time is not a time-zone-aware time"
+    return None
+
+
+def _distrust(item: Anchor, trusted: Keyring) -> UntrustedAnchor | None:
+    """Why ``item`` is not evidence, or None when it is genuine."""
+    if item.unreadable is not None:
+        return UntrustedAnchor(MALFORMED, item.unreadable, where=item.where)
+    malformed = _malformed(item)
+    if malformed is not None:
+        seq = item.seq if isinstance(item.seq, int) and not isinstance(item.seq, bool) else None
+        kid = _shown(item.key_id) if isinstance(item.key_id, str) else None
+        return UntrustedAnchor(MALFORMED, malformed, seq, kid, item.where)
+    kid = _shown(item.key_id)
+    public = trusted.get(item.key_id)
+    if public is None:
+        problem = f"it is signed with key {kid}, which is not trusted ({trusted.describe()})"
+        return UntrustedAnchor(UNTRUSTED_KEY, problem, item.seq, kid, item.where)
+    try:
+        public.verify(item.signature, item.message())
+    except InvalidSignature:
+        problem = f"it names trusted key {kid}, but its signature does not verify (forged)"
+        return UntrustedAnchor(BAD_SIGNATURE, problem, item.seq, kid, item.where)
+    return None
+
+
+def sort_anchors(anchors: Iterable[Anchor], trusted: Keyring) -> SortedAnchors:
+    """Split what was read from the anchors topic into evidence and the rest."""
+    genuine: list[Anchor] = []
+    untrusted: list[UntrustedAnchor] = []
+    for item in anchors:
+        rejected = _distrust(item, trusted)
+        if rejected is None:
+            genuine.append(item)
+        else:
+            untrusted.append(rejected)
+    return SortedAnchors(tuple(sorted(genuine, key=lambda a: a.seq)), tuple(untrusted))
+
+
 @dataclass(frozen=True)
 class AnchorCheck:
-    """The log held against the anchors published so far."""
+    """The log held against the anchors published so far.
+
+    ``checked`` counts the genuine anchors held against the log (all of them: a problem
+    with one does not stop the others), ``contradicted`` those the log contradicts,
+    ``broken`` the first such problem (lowest seq). ``untrusted`` are the anchors that
+    were not evidence: listed, never making the verdict broken."""
 
     checked: int
     newest_seq: int | None
     broken: Broken | None
+    untrusted: tuple[UntrustedAnchor, ...] = ()
+    contradicted: int = 0
 
     def as_json(self) -> dict[str, object]:
-        return {"checked": self.checked, "newestSeq": self.newest_seq}
+        return {"checked": self.checked, "newestSeq": self.newest_seq, "contradicted": self.contradicted}
+
+    def untrusted_json(self, listed: int = UNTRUSTED_LISTED) -> dict[str, object]:
+        """``count``, ``byReason`` (counts) and the ``first`` few, in the order read."""
+        by_reason: dict[str, int] = {}
+        for item in self.untrusted:
+            by_reason[item.reason] = by_reason.get(item.reason, 0) + 1
+        return {
+            "count": len(self.untrusted),
+            "byReason": by_reason,
+            "first": [item.as_json() for item in self.untrusted[:listed]],
+        }
+
+
+def _contradiction(item: Anchor, seen: dict[int, bytes], last_seq: int, hashes: dict[int, bytes]) -> Broken | None:
+    if seen.get(item.seq, item.entry_hash) != item.entry_hash:
+        return Broken(item.seq, f"two anchors disagree about entry {item.seq}")
+    if item.seq > last_seq:
+        problem = f"an anchor says entry {item.seq} existed, the log ends at entry {last_seq}: its tail was cut"
+        return Broken(last_seq + 1, problem)
+    if hashes.get(item.seq) != item.entry_hash:
+        problem = f"entry {item.seq} is not the one anchored at {item.anchored_at.isoformat()}: the log was rewritten"
+        return Broken(item.seq, problem)
+    return None
+
+
+def hold_anchors(anchors: SortedAnchors, last_seq: int, hashes: dict[int, bytes]) -> AnchorCheck:
+    """Every genuine anchor must name an entry the log still has, with that hash.
+
+    ``hashes`` are the log's entry hashes at the genuine anchors' seqs (from the same
+    snapshot as ``last_seq``). Anchors are read *before* the snapshot, so an honest log has
+    every seq a genuine anchor names. Untrusted anchors are carried into the result only."""
+    seen: dict[int, bytes] = {}
+    checked = contradicted = 0
+    newest: int | None = None
+    first: Broken | None = None
+    for item in anchors.genuine:
+        problem = _contradiction(item, seen, last_seq, hashes)
+        seen.setdefault(item.seq, item.entry_hash)
+        checked += 1
+        newest = item.seq
+        if problem is not None:
+            contradicted += 1
+            first = first or problem
+    return AnchorCheck(checked, newest, first, anchors.untrusted, contradicted)
 
 
 def check_anchors(anchors: Iterable[Anchor], trusted: Keyring, last_seq: int, hashes: dict[int, bytes]) -> AnchorCheck:
-    """Every anchor must be genuine and name an entry the log still has, with that hash.
-
-    ``hashes`` are the log's entry hashes at the anchors' seqs (from the same snapshot as
-    ``last_seq``). Anchors are read *before* the snapshot, so an honest log has every seq an
-    anchor names.
-    """
-    seen: dict[int, bytes] = {}
-    checked = 0
-    newest: int | None = None
-    for item in sorted(anchors, key=lambda a: a.seq):
-        public = trusted.get(item.key_id)
-        if public is None:
-            return AnchorCheck(
-                checked, newest, Broken(item.seq, f"an anchor is signed with untrusted key {item.key_id}")
-            )
-        try:
-            public.verify(item.signature, item.message())
-        except InvalidSignature:
-            return AnchorCheck(checked, newest, Broken(item.seq, "an anchor's signature does not verify (forged)"))
-        if seen.get(item.seq, item.entry_hash) != item.entry_hash:
-            return AnchorCheck(checked, newest, Broken(item.seq, f"two anchors disagree about entry {item.seq}"))
-        seen[item.seq] = item.entry_hash
-        if item.seq > last_seq:
-            problem = f"an anchor says entry {item.seq} existed, the log ends at entry {last_seq}: its tail was cut"
-            return AnchorCheck(checked, newest, Broken(last_seq + 1, problem))
-        if item.seq > 0 and hashes.get(item.seq) != item.entry_hash:
-            problem = (
-                f"entry {item.seq} is not the one anchored at {item.anchored_at.isoformat()}: the log was rewritten"
-            )
-            return AnchorCheck(checked, newest, Broken(item.seq, problem))
-        checked += 1
-        newest = item.seq
-    return AnchorCheck(checked, newest, None)
+    """:func:`sort_anchors` then :func:`hold_anchors`: only anchors signed by a trusted
+    key are evidence; every one of them is held against the log."""
+    return hold_anchors(sort_anchors(anchors, trusted), last_seq, hashes)

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,16 @@ from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact
 from flotilla.bootstrap import drop_outbox
 from flotilla.contracts import Contract, load_contracts, register
 from flotilla.keys import Keyring, load_or_create, public_key_text
+from flotilla.records import ChainAnchored
 from flotilla.runner import ServiceContext, prepare
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from services.audit import service as audit_service
 from services.audit.anchors import publisher, read_anchors
 from services.audit.api import _COLUMNS, _sealed, verify_chain
-from services.audit.chain import GENESIS, Signer, seal
+from services.audit.chain import GENESIS, Signer, anchor, seal
 from services.audit.settings import AuditSettings
+from tests.keys import fact_settings
 from tests.support.producing import ordered_producer
 
 pytestmark = pytest.mark.timeout(240)
@@ -84,6 +87,7 @@ def audited(
     key, _ = load_or_create(tmp_path / "audit.pem")
     settings = AuditSettings(
         **stack.model_dump(),
+        **fact_settings(),
         service_name=f"it-aa-{run}",
         service_database=database,
         audit_topics=(topic,),
@@ -185,3 +189,46 @@ def test_a_log_rebuilt_with_the_stolen_key_is_detected_by_the_earlier_anchor(aud
     assert verdict["entriesChecked"] == 6  # signed by the trusted key, linked, head matching
     assert verdict["ok"] is False and verdict["firstBroken"]["seq"] == 6
     assert "rewritten" in verdict["firstBroken"]["problem"]
+
+
+def forge_anchor(audit: Audited, serde: AvroSerde, seq: int) -> None:
+    """An anchor written straight to the anchors topic, signed with a key nobody trusts (as
+    anyone who can write the topic or the audit's outbox could): it claims entry ``seq``
+    has a hash the log never had."""
+    rogue = Signer(Ed25519PrivateKey.generate())
+    made = anchor(seq, b"\x42" * 32, rogue, datetime.now(UTC))
+    value = {
+        "eventId": str(uuid.uuid4()),
+        "seq": made.seq,
+        "entryHash": made.entry_hash,
+        "keyId": made.key_id,
+        "anchoredAt": made.anchored_at,
+        "signature": made.signature,
+    }
+    topic = audit.settings.audit_anchors_topic
+    producer = ordered_producer(audit.settings.kafka_bootstrap)
+    producer.produce(topic, key="chain", value=serde.serialize(topic, ChainAnchored.TYPE, value))
+    assert producer.flush(15) == 0
+
+
+def test_a_forged_anchor_neither_breaks_an_honest_log_nor_stops_the_check(audited: Audited, serde: AvroSerde) -> None:
+    """Security review 2, N2: one anchor at seq 1 with an unknown key made /verify report
+    "broken at 1" for ever and stop checking the anchors after it."""
+    forge_anchor(audited, serde, seq=1)
+    verdict = audited.verify()
+    assert verdict["ok"] is True, verdict
+    assert verdict["anchors"]["checked"] >= 1 and verdict["anchors"]["newestSeq"] == 6  # the real one, still checked
+    assert verdict["untrustedAnchors"]["count"] == 1
+    assert verdict["untrustedAnchors"]["byReason"] == {"untrusted-key": 1}
+
+
+def test_a_forged_anchor_cannot_hide_a_cut_tail(audited: Audited, serde: AvroSerde) -> None:
+    forge_anchor(audited, serde, seq=1)
+    with audited.owner() as conn, conn.transaction():
+        conn.execute("DELETE FROM audit_log WHERE seq > 4")
+        (kept,) = conn.execute("SELECT entry_hash FROM audit_log WHERE seq = 4").fetchone() or (None,)
+        conn.execute("UPDATE audit_chain_head SET seq = 4, hash = %s WHERE id = 1", (kept,))
+    verdict = audited.verify()
+    assert verdict["ok"] is False
+    assert "tail was cut" in verdict["firstBroken"]["problem"], verdict  # the real anchor at 6, past the forged one
+    assert verdict["untrustedAnchors"]["count"] == 1

@@ -274,13 +274,19 @@ def test_a_log_rebuilt_with_the_same_key_is_caught_by_the_anchors_published_befo
     assert broken is not None and broken.seq == 5 and "rewritten" in broken.problem
 
 
-def test_forged_and_conflicting_anchors_are_reported(signer: Signer) -> None:
+def test_forged_anchors_are_untrusted_and_conflicting_ones_reported(signer: Signer) -> None:
+    """A forged anchor is listed, never a verdict (N2: whoever writes the topic can make
+    one); two genuine anchors that disagree are. More in test_audit_anchor_trust.py."""
     sealed = chain(signer, 4)
     rogue = Signer(Ed25519PrivateKey.generate())
-    assert "untrusted key" in str(_against(signer, _anchored(rogue, sealed, 2), sealed).broken)
+    foreign = _against(signer, _anchored(rogue, sealed, 2), sealed)
+    assert foreign.broken is None and foreign.checked == 0
+    assert [(u.reason, u.seq) for u in foreign.untrusted] == [("untrusted-key", 2)]
     genuine = _anchored(signer, sealed, 2)[0]
-    tampered = replace(genuine, seq=3)
-    assert "forged" in str(_against(signer, [tampered], sealed).broken)
+    tampered = _against(signer, [replace(genuine, seq=3), genuine], sealed)
+    assert tampered.broken is None and tampered.checked == 1
+    assert [(u.reason, u.seq) for u in tampered.untrusted] == [("bad-signature", 3)]
+    assert "forged" in tampered.untrusted[0].problem
     other = anchor(2, b"\x01" * 32, signer, T0)
     assert "disagree" in str(_against(signer, [genuine, other], sealed).broken)
 
