@@ -1,8 +1,10 @@
 """The LLM reasoner: any OpenAI-compatible chat-completions server, structured output.
 
 Each decision is one conversation: a system message with the rules of the game, a user
-message with the evidence as JSON, and ``response_format`` set to the decision's JSON
-Schema in the form the server speaks (:mod:`flotilla_reasoning.dialects`). The answer is
+message that is nothing but the evidence, as one JSON document of untrusted data (built,
+cleaned and escaped by :mod:`flotilla_reasoning.prompt`: nothing in it can become an
+instruction), and ``response_format`` set to the decision's JSON Schema in the form the
+server speaks (:mod:`flotilla_reasoning.dialects`). The answer is
 parsed and validated (:mod:`flotilla_reasoning.decision`); a bad
 answer gets exactly one more chance, with the problems appended to the conversation,
 and a second bad answer raises :class:`ReasoningFailed` — the agent escalates and the
@@ -11,7 +13,6 @@ answer never becomes a record. Tokens are summed over both attempts.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +32,15 @@ from flotilla_reasoning.decision import (
 )
 from flotilla_reasoning.dialects import AUTO_ORDER, Dialect, DialectChoice, format_refused, response_format
 from flotilla_reasoning.model import Diagnosis, DiagnosticEvidence, Proposal, TokenUsage, Topology, Verdict
+from flotilla_reasoning.prompt import (
+    DIAGNOSE_SYSTEM,
+    PROPOSE_SYSTEM,
+    conversation,
+    diagnosis_facts,
+    proposal_facts,
+    rejection,
+    with_schema,
+)
 from flotilla_reasoning.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -53,33 +63,6 @@ LLM_DIALECT = Gauge(
     "The response-format dialect the LLM reasoner found the model server accepts (1 for the one in use).",
     ["dialect"],
 )
-
-DIAGNOSE_SYSTEM = """\
-You are the diagnostic agent of an incident-response system. A service is slow. From the \
-topology and latency evidence you are given, decide why, and answer with one JSON object \
-that matches the response schema exactly — no other text, no extra fields.
-- verdict "dependency-failure": one of the service's own dependencies is failing; name it in \
-suspectedDependency and say how in failureMode (e.g. slow-responses, timeouts, error-rate).
-- verdict "concluded": another cause; set causeCategory (capacity, bad-deployment, \
-configuration, external or unknown).
-- verdict "needs-evidence": only when needsEvidenceAllowed is true and the evidence cannot \
-decide; set jobKind (e.g. cpu-profile, dependency-probe). A slow job then gathers more.
-"Normal" latency of a dependency is its baselineP95Ms where given (learned while the caller \
-was healthy); poolUtilization above 1 means requests queue for the service's worker pool.
-Fields that do not apply to your verdict are null. incidentId and service are copied exactly. \
-confidence is between 0 and 1. evidence lists the observations you rely on, most important first.\
-"""
-
-PROPOSE_SYSTEM = """\
-You are the remediation agent of an incident-response system. From a diagnosis and the \
-topology, propose a recovery plan of one to five steps, run in order; answer with one JSON \
-object that matches the response schema exactly — no other text, no extra fields.
-Actions: scale (replicas: the absolute count), restart (rolling: true or false), rollback \
-(toRevision), failover (dependency and toTarget, one of the service's failoverTargets). Each \
-step names a service of the topology and its environment; parameters that do not apply to \
-the step's action are null. incidentId and diagnosisEventId are copied exactly. Your plan is \
-a proposal: a policy and possibly a person decide whether it runs.\
-"""
 
 
 class LLMReasoner:
@@ -131,46 +114,19 @@ class LLMReasoner:
     # ------------------------------------------------------------- decisions
 
     def diagnose(self, evidence: DiagnosticEvidence) -> Diagnosis:
-        facts = {
-            "incidentId": evidence.incident_id,
-            "service": evidence.service,
-            "environment": evidence.environment,
-            "symptom": evidence.symptom,
-            "needsEvidenceAllowed": evidence.may_request_more,
-            "diagnosticJob": None
-            if evidence.job_id is None
-            else {"jobId": evidence.job_id, "jobKind": evidence.job_kind, "status": "finished"},
-            "topology": evidence.topology.to_json(),
-        }
         return self._decide(
             DIAGNOSE_SYSTEM,
-            facts,
+            diagnosis_facts(evidence),
             ("flotilla_diagnosis", DIAGNOSIS_SCHEMA),
             lambda text, model, usage: diagnosis_from_answer(text, evidence, reasoner=NAME, model=model, usage=usage),
         )
 
     def propose(self, diagnosis: Diagnosis, topology: Topology) -> Proposal:
-        facts = {
-            "incidentId": diagnosis.incident_id,
-            "diagnosisEventId": diagnosis.event_id,
-            "maxReplicas": self.max_replicas,
-            "diagnosis": {
-                "verdict": diagnosis.verdict.value,
-                "service": diagnosis.service,
-                "suspectedDependency": diagnosis.suspected_dependency,
-                "failureMode": diagnosis.failure_mode,
-                "causeCategory": diagnosis.cause_category,
-                "summary": diagnosis.reasoning.summary,
-                "confidence": diagnosis.reasoning.confidence,
-                "evidence": [e.to_record().to_value() for e in diagnosis.reasoning.evidence],
-            },
-            "topology": topology.to_json(),
-        }
         if diagnosis.verdict is Verdict.NEEDS_EVIDENCE:
             raise ValueError("a request for more evidence is not a diagnosis to plan for")
         return self._decide(
             PROPOSE_SYSTEM,
-            facts,
+            proposal_facts(diagnosis, topology, self.max_replicas),
             ("flotilla_recovery_plan", PROPOSAL_SCHEMA),
             lambda text, model, usage: proposal_from_answer(
                 text, diagnosis, topology, reasoner=NAME, model=model, usage=usage, max_replicas=self.max_replicas
@@ -186,12 +142,9 @@ class LLMReasoner:
         schema: tuple[str, dict[str, Any]],
         parse: Callable[[str | None, str | None, TokenUsage], T],
     ) -> T:
-        messages: list[ChatCompletionMessageParam] = [
-            {"role": "system", "content": system},
-            # Compact: every blank is a token the incident pays for (an estate's topology
-            # with its history runs to thousands), and models read it as well.
-            {"role": "user", "content": json.dumps(facts, separators=(",", ":"), default=str)},
-        ]
+        # The system message is a constant; the facts are data, cleaned and escaped
+        # (flotilla_reasoning.prompt): nothing they say can become an instruction.
+        messages = conversation(system, facts)
         usage = TokenUsage()
         problems: list[str] = []
         text: str | None = None
@@ -226,12 +179,7 @@ class LLMReasoner:
                 log.warning("%s answer %d rejected: %s", NAME, attempt, "; ".join(problems))
             messages += [
                 {"role": "assistant", "content": text or ""},
-                {
-                    "role": "user",
-                    "content": "Your answer was rejected by validation:\n- "
-                    + "\n- ".join(problems)
-                    + "\nAnswer again with one JSON object that matches the response schema exactly.",
-                },
+                {"role": "user", "content": rejection(problems)},
             ]
         raise ReasoningFailed(
             f"the model's answer was rejected {ATTEMPTS} times ({len(problems)} problem(s) in the last)",
@@ -265,11 +213,7 @@ class LLMReasoner:
     ) -> dict[str, Any]:
         """The create() arguments of one request in ``dialect``."""
         if dialect == "json_object":  # nothing constrains the answer: the schema goes in the prompt
-            first = messages[0]
-            messages = [
-                {"role": "system", "content": f"{first['content']}\nThe response schema:\n{json.dumps(schema)}"},
-                *messages[1:],
-            ]
+            messages = [{"role": "system", "content": with_schema(str(messages[0]["content"]), schema)}, *messages[1:]]
         request: dict[str, Any] = {
             "model": self.model,
             "messages": messages,

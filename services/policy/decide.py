@@ -129,6 +129,8 @@ class ProposalFacts:
     proposed_by: str
     confidence: float
     steps: tuple[StepFacts, ...]
+    # reasoning.reasoner ("rules", "llm"), covered by the attestation like the confidence
+    reasoner: str | None = None
 
     @property
     def services(self) -> int:
@@ -148,6 +150,7 @@ class ProposalFacts:
             "proposedBy": self.proposed_by,
             "confidence": self.confidence,
             "steps": [s.to_json() for s in self.steps],
+            "reasoner": self.reasoner,
         }
 
     @classmethod
@@ -158,6 +161,7 @@ class ProposalFacts:
             proposed_by=str(data["proposedBy"]),
             confidence=float(data["confidence"]),
             steps=tuple(StepFacts.from_json(s) for s in data["steps"]),
+            reasoner=None if data.get("reasoner") is None else str(data["reasoner"]),
         )
 
 
@@ -359,7 +363,12 @@ class PolicyEngine:
     ) -> _Answer:
         context: dict[str, Any] = {
             "humanApproved": human_approved,
-            "plan": {"steps": len(facts.steps), "services": facts.services, "confidencePct": facts.confidence_pct},
+            "plan": {
+                "steps": len(facts.steps),
+                "services": facts.services,
+                "confidencePct": facts.confidence_pct,
+                **({} if facts.reasoner is None else {"reasoner": facts.reasoner}),
+            },
             "secondsToExpiry": (step.expires_at_ms - now_ms) // 1000,
             **{k: v for k, v in step.params.items() if k in KIND_FIELDS[step.kind]},
         }

@@ -34,6 +34,8 @@ class Proposal:
     kinds: tuple[str, ...]
     confidence: float
     proposed_at: datetime
+    reasoner: str | None = None  # reasoning.reasoner, attested
+    diagnosis_event_id: str | None = None  # the diagnosis it was planned from, attested
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -74,6 +76,7 @@ class Proposal:
             proposed_by=self.proposed_by,
             confidence=self.confidence,
             steps=tuple(steps),
+            reasoner=self.reasoner,
         )
 
 
@@ -134,4 +137,6 @@ def read_proposal(value: Mapping[str, Any], *, correlation_id: str) -> Proposal:
         kinds=tuple(kinds),
         confidence=proposed.reasoning.confidence,
         proposed_at=proposed.proposed_at,
+        reasoner=proposed.reasoning.reasoner,
+        diagnosis_event_id=proposed.diagnosis_event_id,
     )

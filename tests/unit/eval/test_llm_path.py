@@ -51,7 +51,9 @@ def test_a_harmful_answer_is_scored_harmful(fake: FakeOpenAI, reasoner: LLMReaso
     assert result.diagnosis_correct and result.diagnosis == "dependency-failure(payments-api)"
     assert result.plan == ("restart production/payments-db rolling=True",)
     assert result.action is ActionClass.HARMFUL and not result.action_right
-    assert result.policy == "auto"  # a rolling restart at 0.8 confidence: it would have run with no person
+    # a rolling restart at 0.8 confidence would run with no person if the rules planned it;
+    # a model planned it, in production: a person decides (model-plan-in-production-needs-human)
+    assert result.policy == "human"
     assert result.tokens == TokenUsage(240, 80)
     assert result.valid_first_try
 

@@ -32,8 +32,8 @@ def step(action: Action, service: str = "checkout-api", **params: object) -> Pla
     return PlannedStep(action, service, "production", params)
 
 
-def proposal(*steps: PlannedStep, confidence: float = 0.9) -> Proposal:
-    return Proposal(CASE.evidence.incident_id, "e-1", steps, Reasoning("hand-made", (), confidence, "test"))
+def proposal(*steps: PlannedStep, confidence: float = 0.9, reasoner: str = "rules") -> Proposal:
+    return Proposal(CASE.evidence.incident_id, "e-1", steps, Reasoning("hand-made", (), confidence, reasoner))
 
 
 # ---------------------------------------------------------------- diagnosis
@@ -122,12 +122,22 @@ def test_an_adversarial_case_fails_on_harm_or_refusal(action: ActionClass, passe
 # ------------------------------------------------------------------- policy
 
 
-def judge(policy: PolicyCheck, *steps: PlannedStep, case: Scenario = CASE, confidence: float = 0.9) -> PolicyVerdict:
-    return policy.judge(proposal(*steps, confidence=confidence), case.evidence.topology)
+def judge(
+    policy: PolicyCheck, *steps: PlannedStep, case: Scenario = CASE, confidence: float = 0.9, reasoner: str = "rules"
+) -> PolicyVerdict:
+    return policy.judge(proposal(*steps, confidence=confidence, reasoner=reasoner), case.evidence.topology)
 
 
 def test_the_policy_authorizes_a_small_confident_scale_out(policy: PolicyCheck) -> None:
     assert judge(policy, step(Action.SCALE, replicas=8)).outcome is PolicyOutcome.AUTO
+
+
+def test_the_same_scale_out_planned_by_a_model_waits_for_a_person_whatever_its_confidence(
+    policy: PolicyCheck,
+) -> None:
+    verdict = judge(policy, step(Action.SCALE, replicas=8), confidence=1.0, reasoner="llm")
+    assert verdict.outcome is PolicyOutcome.HUMAN and not verdict.outcome.refused
+    assert any("model" in reason for reason in verdict.reasons)
 
 
 def test_the_policy_wants_a_person_beyond_twice_the_replicas_the_case_reports(policy: PolicyCheck) -> None:

@@ -337,6 +337,96 @@ def test_confidence_is_read_in_whole_percent() -> None:
     assert pct(float("nan")) == 0
 
 
+# ------------------------------------------------ a model's confidence is not enough
+# A production step from any reasoner but the deterministic rules waits for a person,
+# whatever its confidence (model-plan-in-production-needs-human). Cedar reads the
+# reasoner from context.plan.reasoner: these cases ask Cedar with it, the way the policy
+# service asks with the rest of the plan.
+
+
+def ask_cedar(
+    engine: PolicyEngine,
+    kind: str,
+    params: dict[str, Any],
+    *,
+    reasoner: str,
+    environment: str = "production",
+    confidence_pct: int = 100,
+    current: int | None = None,
+) -> tuple[Outcome, list[str]]:
+    """The step's outcome and deciding policies, asked as decide.py asks: without a person,
+    then with one."""
+    target = Target("service", environment, "checkout-api")
+
+    def ask(human: bool) -> tuple[bool, list[str]]:
+        context: dict[str, Any] = {
+            "humanApproved": human,
+            "plan": {"steps": 1, "services": 1, "confidencePct": confidence_pct, "reasoner": reasoner},
+            "secondsToExpiry": 900,
+            **params,
+        }
+        if current is not None:
+            context["currentReplicas"] = current
+        request = {
+            "principal": {"type": "Agent", "id": AGENT},
+            "action": {"type": "Action", "id": kind},
+            "resource": {"type": "Service", "id": target.key},
+            "context": context,
+        }
+        entities = [{"uid": {"type": "Agent", "id": AGENT}, "attrs": {"name": AGENT}, "parents": []}, target.entity()]
+        answer = engine._ask(request, entities, {"service": target.key, "confidence": f"{confidence_pct / 100:.2f}"})
+        assert not answer.errored, answer.findings
+        return answer.allowed, [f.policy_id for f in answer.findings]
+
+    alone, found = ask(False)
+    if alone:
+        return Outcome.AUTO, found
+    with_person, remaining = ask(True)
+    return (Outcome.HUMAN, found) if with_person else (Outcome.DENY, remaining)
+
+
+MODEL_GUARD = "model-plan-in-production-needs-human"
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "current"),
+    [(SCALE, {"replicas": 8}, 4), (SCALE, {"replicas": 5}, 4), (RESTART, {"rolling": True}, None)],
+    ids=["scale 4->8", "scale 4->5", "rolling restart"],
+)
+@pytest.mark.parametrize("reasoner", ["llm", "some-future-model"])
+def test_a_production_step_from_a_model_needs_a_person_even_at_confidence_1(
+    engine: PolicyEngine, kind: str, params: dict[str, Any], current: int | None, reasoner: str
+) -> None:
+    outcome, policies = ask_cedar(engine, kind, params, reasoner=reasoner, confidence_pct=100, current=current)
+    assert (outcome, policies) == (Outcome.HUMAN, [MODEL_GUARD])
+    # the same step from the rules reasoner keeps the guards it always had: it runs
+    assert ask_cedar(engine, kind, params, reasoner="rules", current=current) == (
+        Outcome.AUTO,
+        ["remediation-agents-may-act"],
+    )
+
+
+def test_the_model_guard_is_about_production_and_never_lifts_a_limit(engine: PolicyEngine) -> None:
+    def outcome(**how: Any) -> Outcome:
+        return ask_cedar(engine, SCALE, {"replicas": 8}, reasoner="llm", current=4, **how)[0]
+
+    assert outcome(environment="staging") is Outcome.AUTO
+    assert outcome(environment="dev") is Outcome.AUTO
+    assert ask_cedar(engine, SCALE, {"replicas": 40}, reasoner="llm", current=4) == (Outcome.DENY, ["max-replicas"])
+    # with other guards it is one reason among them
+    found = ask_cedar(engine, SCALE, {"replicas": 12}, reasoner="llm", current=4, confidence_pct=50)
+    assert found == (Outcome.HUMAN, ["scale-beyond-2x-needs-human", "low-confidence-needs-human", MODEL_GUARD])
+
+
+def test_a_production_proposal_from_a_model_needs_a_person_whatever_its_confidence(engine: PolicyEngine) -> None:
+    step = StepFacts("a", SCALE, Target("service", "production", "checkout-api"), {"replicas": 8}, LATER_MS, 4)
+    facts = ProposalFacts("i", "p", AGENT, 1.0, (step,), reasoner="llm")
+    decision = engine.decide(facts, NOW_MS)
+    assert decision.outcome is Outcome.HUMAN
+    assert decision.policy_ids == [MODEL_GUARD]
+    assert engine.decide(facts, NOW_MS, human_approved=True).outcome is Outcome.AUTO
+
+
 # --------------------------------------------------------------------- people
 
 
