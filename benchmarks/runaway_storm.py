@@ -36,7 +36,7 @@ from flotilla.contracts import Contract, load_contracts, register
 from flotilla.envelope import DEFAULT_HOPS, Envelope
 from flotilla.handling import HandlerContext
 from flotilla.records import DiagnosisRequested, LoopTerminated
-from flotilla.registry import registry_client
+from flotilla.registry import registrar_client
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, load_settings
 
@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # not a line per dropped record: the summary counts them
     settings = load_settings()
-    registry = registry_client(settings.schema_registry_url)
+    registry = registrar_client(settings)  # it registers: the registrar
     serde = AvroSerde(registry)
     suffix = uuid.uuid4().hex[:6]
     ping, pong = f"storm-ping-{suffix}", f"storm-pong-{suffix}"

@@ -32,7 +32,7 @@ from flotilla.consumer import ConsumerLoop, LoopConfig, migrate
 from flotilla.contracts import Contract, load_contracts, register, register_all
 from flotilla.handling import HandlerContext
 from flotilla.records import DiagnosisRequested
-from flotilla.registry import registry_client
+from flotilla.registry import registrar_client
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, load_settings
 
@@ -155,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = load_settings()
-    client = registry_client(settings.schema_registry_url)
+    client = registrar_client(settings)  # it registers: the registrar
     register_all(client)
     serde = AvroSerde(client)
     print("serde (in process):")

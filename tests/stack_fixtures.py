@@ -23,7 +23,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from flotilla import stackcheck
 from flotilla.contracts import register_all
-from flotilla.registry import registry_client
+from flotilla.registry import registrar_client, registry_client
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, default_env_file, load_settings
 
@@ -69,11 +69,16 @@ def stack() -> Iterator[StackSettings]:
 
 @pytest.fixture(scope="session")
 def registry(stack: StackSettings) -> SchemaRegistryClient:
-    client = registry_client(stack.schema_registry_url)
+    """The registrar's client (``stack.registrar_auth()``): the registry refuses anonymous
+    writes, and tests register their own subjects and delete them again. Every contract is
+    registered once per session."""
+    client = registrar_client(stack)
     register_all(client)
     return client
 
 
 @pytest.fixture(scope="session")
-def serde(registry: SchemaRegistryClient) -> AvroSerde:
-    return AvroSerde(registry)
+def serde(stack: StackSettings, registry: SchemaRegistryClient) -> AvroSerde:
+    """A serde as the services have one: an anonymous client (reads only), after ``registry``
+    registered the contracts."""
+    return AvroSerde(registry_client(stack.schema_registry_url))

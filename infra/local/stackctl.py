@@ -118,6 +118,13 @@ ALERTMANAGER_TEMPLATE = LOCAL_DIR / "alertmanager.yml.template"
 ESTATE_RULES = REPO_ROOT / "infra" / "observability" / "prometheus" / "rules" / "estate.yml"
 # Alertmanager presents it to the health agent's /alerts; the agent finds it through the env file.
 ALERT_WEBHOOK_TOKEN_FILE = SECRETS / "alert-webhook-token"
+# The schema registry refuses anonymous writes (reads stay anonymous): the registrar's
+# credentials (`registrar:<random>`, made once) are what `make schemas`, the test session
+# and this script register and configure with; the env file names the file, never the
+# value (the env file is world-readable). The registry reads its users file (the password's
+# digest, Quarkus config) from .stack/run, written from the credentials at each config write.
+REGISTRY_REGISTRAR_FILE = SECRETS / "registry-registrar"
+REGISTRY_USERS_FILE = RUN / "registry-users.properties"
 ALERT_RECEIVER = "flotilla-health-agent"
 
 UP_TIMEOUT_S = float(os.environ.get("FLOTILLA_STACK_TIMEOUT", "240"))
@@ -302,6 +309,9 @@ def stack_env() -> dict[str, str]:
         # The token Alertmanager's webhook presents (the fleet gives the health agent its
         # digest; tests that act as Alertmanager read it here).
         "FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE": str(ALERT_WEBHOOK_TOKEN_FILE),
+        # Who may write to the registry: the file holding the registrar's user:password
+        # (flotilla.settings.StackSettings.registrar_auth); serializers read anonymously.
+        "FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE": str(REGISTRY_REGISTRAR_FILE),
     }
 
 
@@ -344,11 +354,13 @@ def _run(cmd: list[str], *, what: str, log: Path | None = None, **kw: object) ->
     return str(proc.stdout)
 
 
-def ensure_private_token(path: Path, *, what: str, say: Callable[[str], None] = _say) -> str:
-    """The token in ``path``, made the first time (32 random bytes, URL-safe) and reused
-    after, so a process restarted alone still holds what its peer holds. Mode 0600 in a
-    0700 folder: other users of the machine reach our loopback ports but cannot read it,
-    and a file they could read is refused rather than trusted."""
+def ensure_private_token(
+    path: Path, *, what: str, say: Callable[[str], None] = _say, make: Callable[[], str] | None = None
+) -> str:
+    """The token in ``path``, made the first time (by ``make``; by default 32 random bytes,
+    URL-safe) and reused after, so a process restarted alone still holds what its peer
+    holds. Mode 0600 in a 0700 folder: other users of the machine reach our loopback ports
+    but cannot read it, and a file they could read is refused rather than trusted."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -363,11 +375,41 @@ def ensure_private_token(path: Path, *, what: str, say: Callable[[str], None] = 
         if not token:
             raise StackError(f"{path} is empty: delete it and `up` makes a new one") from None
         return token
-    token = secrets.token_urlsafe(32)
+    token = make() if make is not None else secrets.token_urlsafe(32)
     with os.fdopen(fd, "w") as out:
         out.write(token + "\n")
     say(f"generated {what} in {path}")
     return token
+
+
+# What the registry is told (flotilla.registry.SERVER_ENV, repeated here: stackctl imports
+# flotilla only where it must): HTTP basic auth on, anonymous reads allowed. Its users come
+# from REGISTRY_USERS_FILE (QUARKUS_CONFIG_LOCATIONS).
+REGISTRY_AUTH_ENV = {"QUARKUS_HTTP_AUTH_BASIC": "true", "APICURIO_AUTH_ANONYMOUS_READ_ACCESS_ENABLED": "true"}
+
+
+def registrar_credentials() -> str:
+    """The registry registrar's ``user:password`` (REGISTRY_REGISTRAR_FILE), made the first time."""
+    from flotilla.registry import new_credentials, split_credentials  # here: importing flotilla takes a second
+
+    credentials = ensure_private_token(
+        REGISTRY_REGISTRAR_FILE, what="the schema registry's registrar credentials", make=new_credentials
+    )
+    try:
+        split_credentials(credentials)
+    except ValueError:
+        raise StackError(
+            f"{REGISTRY_REGISTRAR_FILE} does not hold user:password: delete it and `make stack-down stack-up` "
+            "makes new credentials"
+        ) from None
+    return credentials
+
+
+def _write_registry_users(credentials: str) -> None:
+    """The registry's users file (0600): the registrar and the digest of its password."""
+    from flotilla.registry import users_properties, write_private
+
+    write_private(REGISTRY_USERS_FILE, users_properties(credentials), 0o600)
 
 
 def _apt_install(packages: list[str]) -> None:
@@ -538,11 +580,15 @@ def _port_holder(port: int) -> str:
     return "an unknown process"
 
 
-def _http_json(url: str, method: str = "GET", body: object | None = None, timeout: float = 5) -> Any:
+def _http_json(
+    url: str, method: str = "GET", body: object | None = None, timeout: float = 5, auth: str | None = None
+) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if auth is not None:  # user:password, HTTP basic
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         raw = resp.read()
     return json.loads(raw) if raw else None
@@ -955,6 +1001,8 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         return ",".join(f'{k}="{v}"' for k, v in merged.items())
 
     registry_env = {
+        **REGISTRY_AUTH_ENV,
+        "QUARKUS_CONFIG_LOCATIONS": str(REGISTRY_USERS_FILE),
         "APICURIO_STORAGE_KIND": "sql",
         "APICURIO_STORAGE_SQL_KIND": "postgresql",
         "APICURIO_DATASOURCE_URL": f"jdbc:postgresql://{HOST}:{PORTS['postgres']}/registry",
@@ -969,6 +1017,7 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         "APICURIO_REST_DELETION_ARTIFACT_VERSION_ENABLED": "true",
         "APICURIO_REST_DELETION_GROUP_ENABLED": "true",
     }
+    _write_registry_users(registrar_credentials())
     pg_user_line = f"user={pg_user}\n" if pg_user else ""
     jvm_kafka = f'{JVM_COMMON} -Dlog4j2.configurationFile={log4j} -Dkafka.logs.dir={LOGS} -cp "{libs}/*"'
     conf = RUN / "supervisord.conf"
@@ -1125,11 +1174,21 @@ def _ensure_topics() -> None:
 
 def _ensure_compatibility() -> None:
     url = f"http://{HOST}:{PORTS['registry']}/apis/ccompat/v7/config"
-    current = _http_json(url)
+    current = _http_json(url)  # a read: anonymous
     level = current.get("compatibilityLevel") if isinstance(current, dict) else None
-    if level != GLOBAL_COMPATIBILITY:
-        _http_json(url, method="PUT", body={"compatibility": GLOBAL_COMPATIBILITY})
+    if level != GLOBAL_COMPATIBILITY:  # a write: as the registrar
+        body = {"compatibility": GLOBAL_COMPATIBILITY}
+        _http_json(url, method="PUT", body=body, auth=registrar_credentials())
         _say(f"registry global compatibility set to {GLOBAL_COMPATIBILITY}")
+
+
+def _registry_requires_credentials(conf: Path) -> bool:
+    """Whether supervisord's config (written by this checkout or an older one) runs the
+    registry with anonymous writes refused."""
+    if not conf.exists():
+        return False
+    section = conf.read_text().partition("[program:registry]")[2].partition("\n[")[0]
+    return all(f'{k}="{v}"' in section for k, v in REGISTRY_AUTH_ENV.items()) and "QUARKUS_CONFIG_LOCATIONS=" in section
 
 
 def write_env_file() -> None:
@@ -1175,6 +1234,7 @@ def up() -> None:
         # replication slots and registry ids would not match a fresh Kafka. Start clean.
         shutil.rmtree(pgdata)
     ensure_private_token(ALERT_WEBHOOK_TOKEN_FILE, what="the alert webhook's bearer token")
+    registrar_credentials()
     if not SUPERVISOR.running():
         _init_postgres(pg_bindir, pg_user, pgdata)
         _write_configs(java, registry_java, pg_bindir, pg_user, pgdata)
@@ -1185,6 +1245,11 @@ def up() -> None:
             raise StackError(
                 f"the running stack's supervisord has no {', '.join(missing)}: "
                 "`make stack-down stack-up` adds them (data is kept)"
+            )
+        if not _registry_requires_credentials(RUN / "supervisord.conf"):
+            _say(
+                "warning: the running registry accepts anonymous writes (its config is older than "
+                "this checkout): `make stack-down stack-up` makes it require the registrar's credentials"
             )
     write_env_file()
     _start(BY_NAME["postgres"], 60)

@@ -29,7 +29,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro import parse_schema
 from fastavro.schema import SchemaParseException
 
-from flotilla.registry import registry_client
+from flotilla.registry import registrar_client, registry_client, write_refused
 from flotilla.settings import load_settings, project_path
 
 # Avro's primitive type names: every other string in a type position names a named type.
@@ -292,17 +292,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quiet", action="store_true", help="one summary line instead of a line per subject")
     args = parser.parse_args(argv)
     settings = load_settings()
-    client = registry_client(settings.schema_registry_url)
-    if args.check:
-        refused = check_all(client)
+    if args.check:  # a read: anonymous, so a CI gate needs no registrar credentials
+        refused = check_all(registry_client(settings.schema_registry_url))
         if refused:
             raise SystemExit("error: " + "\nerror: ".join(refused))
         print("every contract is compatible with the registry")
         return
     try:
-        ids = register_all(client)
+        ids = register_all(registrar_client(settings))  # a write: as the registrar
     except IncompatibleSchemaError as exc:
         raise SystemExit(f"error: {exc}") from None
+    except SchemaRegistryError as exc:
+        refusal = write_refused(exc, settings)
+        if refusal is None:
+            raise
+        raise SystemExit(f"error: {refusal}") from None
     if args.quiet:
         print(f"[schemas] {len(ids)} contracts registered (python -m flotilla.schemas lists them)")
         return

@@ -3,7 +3,9 @@
     python -m flotilla.provision --outbox flotilla_health=incidents \\
                                --outbox flotilla_policy=incidents,commands ... --database flotilla_audit
 
-1. registers every contract in ``schemas/`` with the registry (``flotilla.contracts``);
+1. registers every contract in ``schemas/`` with the registry (``flotilla.contracts``), as
+   the registrar (``FLOTILLA_SCHEMA_REGISTRY_AUTH`` or ``..._AUTH_FILE``: the registry
+   refuses anonymous writes);
 2. for each ``--outbox DATABASE=TOPIC[,TOPIC]``: the database, its outbox table and a
    RUNNING Debezium outbox connector that publishes only to those topics — the service's
    ``emits``, so the connector is configured exactly as the service registers it
@@ -27,8 +29,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
 from flotilla import bootstrap, contracts
-from flotilla.registry import registry_client
+from flotilla.registry import RegistrarRefused, registrar_client, write_refused
 from flotilla.settings import StackSettings, load_settings
 
 log = logging.getLogger("flotilla.provision")
@@ -40,13 +45,23 @@ def _retrying(what: str, step: Callable[[], T], deadline: float, pause: float) -
     while True:
         try:
             return step()
-        except contracts.IncompatibleSchemaError:
+        except (contracts.IncompatibleSchemaError, RegistrarRefused):
             raise  # asking again will not change the registry's mind
         except Exception as exc:
             if time.monotonic() + pause > deadline:
                 raise
             log.warning("%s failed (%s: %s); retrying in %.0fs", what, exc.__class__.__name__, exc, pause)
             time.sleep(pause)
+
+
+def _register(settings: StackSettings, client: SchemaRegistryClient) -> dict[str, int]:
+    try:
+        return contracts.register_all(client)
+    except SchemaRegistryError as exc:
+        refused = write_refused(exc, settings)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def provision(
@@ -61,8 +76,8 @@ def provision(
     """Contracts, then every outbox database with its connector, then plain databases."""
     deadline = time.monotonic() + timeout
     if schemas:
-        client = registry_client(settings.schema_registry_url)
-        ids = _retrying("registering the contracts", lambda: contracts.register_all(client), deadline, pause)
+        client = registrar_client(settings)  # registering needs the registrar's credentials
+        ids = _retrying("registering the contracts", functools.partial(_register, settings, client), deadline, pause)
         log.info("%d contracts registered", len(ids))
     declared = outbox if isinstance(outbox, Mapping) else {database: None for database in outbox}
     for database, topics in declared.items():

@@ -1,18 +1,26 @@
 """Avro in the Confluent wire format, validated at the perimeter.
 
 A value on a Flotilla topic is ``0x00 | schema id (4 bytes, big-endian) | Avro binary``.
-Writers serialize against the schema *registered* for ``<topic>-<record full name>``
-(never auto-registering), after validating the value strictly, so a record that does
-not match its contract is refused where it is produced, with an error naming the field.
-Registry look-ups are cached per subject and per schema id: the registry is consulted
-once per record type per process, not per record.
+Writers serialize with *the repository's contract* for the record type (``schemas/``, the
+schema the code was built against), never with whatever version the registry holds last:
+the contract is looked up under ``<topic>-<record full name>`` *by its content* (the
+Confluent API's "look up schema under subject", ``POST /subjects/{subject}``), and the id
+the registry answers is used only if the schema it names is that contract (docs aside).
+A registry that does not hold the contract fails the writer with an error naming the
+subject; a newer version registered beside it is never used. Services never register.
+Values are validated strictly against the contract, so a record that does not match is
+refused where it is produced, with an error naming the field. Registry look-ups are cached
+per subject and per schema id: the registry is consulted once per record type per
+process, not per record.
 
-Readers trust nothing in the frame. Whatever the bytes say — an id that names a JSON or
-Protobuf schema, an Avro primitive, a schema registered under some other subject, a body
-that does not parse — decoding ends in :class:`UndecodableRecordError` (the record is
-poison: dead-letter it and move on), never in another exception type that would crash a
-consumer. The one exception is :class:`RegistryUnavailableError`: the registry could not
-answer, which says nothing about the record, so the caller waits and tries again.
+Readers trust nothing in the frame. They decode with the schema the frame's id names (the
+writer's schema), so records written with a newer compatible version still decode.
+Whatever the bytes say — an id that names a JSON or Protobuf schema, an Avro primitive, a
+schema registered under some other subject, a body that does not parse — decoding ends in
+:class:`UndecodableRecordError` (the record is poison: dead-letter it and move on), never
+in another exception type that would crash a consumer. The one exception is
+:class:`RegistryUnavailableError`: the registry could not answer, which says nothing about
+the record, so the caller waits and tries again.
 """
 
 from __future__ import annotations
@@ -22,15 +30,15 @@ import json
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from flotilla.contracts import subject_for
+from flotilla.contracts import Contract, load_contracts, subject_for
 from flotilla.validation import RecordValidator
 
 MAGIC_BYTE = 0
@@ -57,7 +65,11 @@ class RecordValidationError(SerdeError):
 
 
 class SchemaNotRegisteredError(SerdeError):
-    """No schema is registered for the subject (services never auto-register)."""
+    """The registry does not hold the contract under the subject (services never register)."""
+
+
+class UnknownContractError(SchemaNotRegisteredError):
+    """No contract in ``schemas/`` defines the record type: there is nothing to write with."""
 
 
 class UndecodableRecordError(SerdeError):
@@ -120,10 +132,23 @@ class Decoded:
 
 
 class AvroSerde:
-    """Serialize and deserialize through one registry client, with caches."""
+    """Serialize and deserialize through one registry client, with caches.
 
-    def __init__(self, client: SchemaRegistryClient, *, reader_cache_size: int = READER_CACHE_SIZE) -> None:
+    ``contracts`` are the schemas writers write with, one per record full name; by default
+    every contract in ``schemas/`` (``load_contracts``), read when the first writer is
+    needed, so a process that only reads never needs the folder.
+    """
+
+    def __init__(
+        self,
+        client: SchemaRegistryClient,
+        *,
+        reader_cache_size: int = READER_CACHE_SIZE,
+        contracts: Iterable[Contract] | None = None,
+    ) -> None:
         self._client = client
+        self._contracts = None if contracts is None else _by_full_name(contracts)
+        self._contracts_lock = threading.Lock()
         self._writers: dict[str, _Writer] = {}  # keyed by our own subjects: bounded by the catalogue
         self._readers: _Lru[int, tuple[Any, str] | UndecodableRecordError] = _Lru(reader_cache_size)
         self._bound: _Lru[tuple[int, str], bool] = _Lru(reader_cache_size)
@@ -132,30 +157,84 @@ class AvroSerde:
     def client(self) -> SchemaRegistryClient:
         return self._client
 
+    def contract(self, record_full_name: str) -> Contract:
+        """The repository's contract for a record type; UnknownContractError if there is none."""
+        with self._contracts_lock:
+            if self._contracts is None:
+                self._contracts = _by_full_name(load_contracts())
+            contracts = self._contracts
+        found = contracts.get(record_full_name)
+        if found is None:
+            raise UnknownContractError(
+                f"no contract in schemas/ defines {record_full_name}: a writer only writes the "
+                "record types of the repository's catalogue"
+            )
+        return found
+
     def writer(self, topic: str, record_full_name: str) -> _Writer:
+        """The contract for ``record_full_name`` and the id the registry holds it under for
+        ``topic``'s subject (looked up by content, never "latest"); cached per subject."""
         subject = subject_for(topic, record_full_name)
         cached = self._writers.get(subject)
         if cached is not None:
             return cached
-        try:
-            registered = self._client.get_latest_version(subject)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                raise SchemaNotRegisteredError(
-                    f"no schema registered for subject {subject}; register the contracts "
-                    "(make schemas) — services never auto-register"
-                ) from exc
-            raise
-        if registered.schema is None or registered.schema.schema_str is None or registered.schema_id is None:
-            raise SchemaNotRegisteredError(f"registry returned no schema for subject {subject}")
-        schema_dict = json.loads(registered.schema.schema_str)
-        parsed = parse_schema(schema_dict)
-        writer = _Writer(registered.schema_id, parsed, record_full_name, RecordValidator(cast(dict[str, Any], parsed)))
+        contract = self.contract(record_full_name)
+        schema_id = self._registered_id(subject, contract)
+        parsed = parse_schema(contract.schema)
+        writer = _Writer(schema_id, parsed, record_full_name, RecordValidator(cast(dict[str, Any], parsed)))
         self._writers[subject] = writer
         if self._readers.get(writer.schema_id) is None:
             self._readers.put(writer.schema_id, (writer.parsed, record_full_name))
         self._bound.put((writer.schema_id, subject), True)
         return writer
+
+    def _registered_id(self, subject: str, contract: Contract) -> int:
+        """The id of ``contract`` under ``subject``, found by content.
+
+        First the exact text ``register`` sends (what the registry matches by default), then
+        the registry's normalised comparison (``normalize=true``; Apicurio compares its
+        canonical form, which leaves out docs), for a contract registered from other text.
+        Whatever id comes back is checked against the contract before it is used: the
+        schema it names must be the contract, docs aside, or nothing is written.
+        """
+        schema = Schema(contract.schema_str, "AVRO")
+        found = None
+        missing: SchemaRegistryError | None = None
+        for normalize in (False, True):
+            try:
+                found = self._client.lookup_schema(subject, schema, normalize_schemas=normalize)
+                break
+            except SchemaRegistryError as exc:
+                if exc.http_status_code != 404:
+                    raise
+                missing = exc
+                if exc.error_code == 40401:  # no such subject: no comparison will find anything
+                    break
+        if found is None or found.schema_id is None:
+            if missing is not None and missing.error_code == 40401:
+                what = "no schema is registered under it"
+            else:
+                what = "none of the versions registered under it is the repository's contract"
+            raise SchemaNotRegisteredError(
+                f"{subject}: {what}, and writers write only with the contract in schemas/ (never with "
+                "another version); register the contracts (make schemas) — services never register"
+            ) from missing
+        schema_id = int(found.schema_id)
+        try:
+            registered = self._client.get_schema(schema_id)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise
+            raise SchemaNotRegisteredError(
+                f"{subject}: the registry answered schema id {schema_id} for the repository's contract, "
+                "then did not know that id"
+            ) from exc
+        if not _same_contract(registered.schema_str, contract.schema):
+            raise SchemaNotRegisteredError(
+                f"{subject}: the registry answered schema id {schema_id} for the repository's contract, "
+                "but that id names a different schema; refusing to write with it"
+            )
+        return schema_id
 
     def validate(self, topic: str, record_full_name: str, value: dict[str, Any]) -> _Writer:
         """Raise RecordValidationError naming every field that breaks the schema."""
@@ -242,6 +321,40 @@ class AvroSerde:
         if not isinstance(value, dict):
             raise UndecodableRecordError(f"schema id {schema_id} does not describe a record")
         return Decoded(schema_id=schema_id, record_name=full_name, value=value)
+
+
+def _by_full_name(contracts: Iterable[Contract]) -> dict[str, Contract]:
+    """Contracts by record full name; one name may not stand for two different schemas."""
+    found: dict[str, Contract] = {}
+    for contract in contracts:
+        known = found.get(contract.full_name)
+        if known is not None and known.schema_str != contract.schema_str:
+            raise ValueError(
+                f"{contract.full_name} is defined differently on topics {known.topic} and {contract.topic}"
+            )
+        found.setdefault(contract.full_name, contract)
+    return found
+
+
+def _without_docs(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_docs(v) for k, v in value.items() if k not in ("doc", "__named_schemas")}
+    if isinstance(value, list):
+        return [_without_docs(v) for v in value]
+    return value
+
+
+def _same_contract(registered_text: str | None, contract: dict[str, Any]) -> bool:
+    """Whether the registry's text is the contract: equal once both are parsed (every name in
+    full, so the registry's own rewriting of names does not matter) and docs are dropped.
+    Field order, types, logical types, defaults and aliases must all be the same."""
+    if not registered_text:
+        return False
+    try:
+        registered = parse_schema(json.loads(registered_text))
+    except Exception:  # not JSON, not Avro: certainly not our contract
+        return False
+    return bool(_without_docs(registered) == _without_docs(parse_schema(contract)))
 
 
 def _record_reader(schema_id: int, schema_type: str | None, schema_str: str | None) -> tuple[Any, str]:

@@ -7,8 +7,12 @@ our transforms) is built from its context first, under its ``image`` name. The
 long-running services (PostgreSQL, Kafka, the schema registry, Kafka Connect) join one
 throwaway network under their compose names, are published on the same loopback ports
 as in compose (and as the local stack), and are waited on through their compose
-healthchecks; the one-shot init jobs (topics, registry compatibility, the outbox
-connector) then run to completion.
+healthchecks; the one-shot init jobs (the registry's users, topics, registry
+compatibility, the outbox connector) then run to completion. Named volumes become Docker
+volumes of this stack alone (removed with it). The registry refuses anonymous writes, so
+each stack makes its own registrar credentials: handed to ``registry-auth-init`` as
+``FLOTILLA_SCHEMA_REGISTRY_AUTH`` (the variable compose reads from ``.env``) and to host
+clients as a private file (``FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE``).
 
 testcontainers is the optional extra ``docker`` (``pip install -e '.[docker]'``) and is
 imported only when a stack is started; parsing the compose file needs PyYAML alone::
@@ -23,10 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import re
+import secrets
 import shlex
+import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+import uuid
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,12 +50,17 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 INFRA_SERVICES = ("postgres", "kafka", "schema-registry", "connect")
+# One-shot jobs the infrastructure itself waits for (the registry's users file): always run.
+SETUP_SERVICES = ("registry-auth-init",)
 INIT_SERVICES = ("kafka-init", "registry-init", "connect-init")
+# What compose takes from the environment or .env (`${NAME:-default}`) that this starter sets.
+REGISTRAR_VARIABLE = "FLOTILLA_SCHEMA_REGISTRY_AUTH"
 START_TIMEOUT_S = 240.0
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _CONDITIONS = {"service_healthy", "service_completed_successfully", "service_started"}
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ComposeSpecError(ValueError):
@@ -106,6 +120,8 @@ class ServiceSpec:
     healthcheck: Healthcheck | None
     depends_on: dict[str, str]  # service -> compose condition
     build: BuildSpec | None = None  # built under ``image`` before the start, when set
+    user: str | None = None  # compose's ``user:`` (uid[:gid])
+    named_volumes: tuple[tuple[str, str, str], ...] = ()  # (compose volume name, container path, mode)
 
     @property
     def is_init_job(self) -> bool:
@@ -175,6 +191,20 @@ def _volume(raw: object, base_dir: Path) -> tuple[str, str, str]:
     return str((base_dir / parts[0]).resolve()), parts[1], mode
 
 
+def _named_volume(raw: object, names: Collection[str]) -> tuple[str, str, str] | None:
+    """``name:/dst[:mode]`` for a volume of the file's top-level ``volumes``; None for anything else."""
+    parts = str(raw).split(":")
+    if len(parts) in (2, 3) and parts[0] in names:
+        return parts[0], parts[1], parts[2] if len(parts) == 3 else "rw"
+    return None
+
+
+def interpolate(value: str, variables: Mapping[str, str]) -> str:
+    """Compose's ``${NAME}`` / ``${NAME:-default}`` from ``variables`` (not the host's environment:
+    a stack started here depends on nothing but the file and this starter)."""
+    return _VARIABLE.sub(lambda m: variables.get(m.group(1)) or (m.group(2) or ""), value)
+
+
 def _healthcheck(raw: object) -> Healthcheck | None:
     if raw is None:
         return None
@@ -221,10 +251,13 @@ def _build(raw: object, base_dir: Path) -> BuildSpec | None:
     return BuildSpec(str((base_dir / str(raw["context"])).resolve()), str(raw.get("dockerfile", "Dockerfile")))
 
 
-def service_spec(name: str, raw: Mapping[str, Any], base_dir: Path) -> ServiceSpec:
+def service_spec(name: str, raw: Mapping[str, Any], base_dir: Path, volume_names: Collection[str] = ()) -> ServiceSpec:
     """Translate one compose service; anything it cannot honour raises ComposeSpecError."""
     if "image" not in raw:
         raise ComposeSpecError(f"service {name} has no image (a build needs one too: the name it is built under)")
+    mounts = raw.get("volumes") or ()
+    named = tuple(v for v in (_named_volume(m, volume_names) for m in mounts) if v is not None)
+    binds = [m for m in mounts if _named_volume(m, volume_names) is None]
     return ServiceSpec(
         name=name,
         image=str(raw["image"]),
@@ -232,10 +265,12 @@ def service_spec(name: str, raw: Mapping[str, Any], base_dir: Path) -> ServiceSp
         command=_argv(raw.get("command")),
         entrypoint=_argv(raw.get("entrypoint")),
         ports=tuple(_port(p) for p in raw.get("ports") or ()),
-        volumes=tuple(_volume(v, base_dir) for v in raw.get("volumes") or ()),
+        volumes=tuple(_volume(v, base_dir) for v in binds),
         healthcheck=_healthcheck(raw.get("healthcheck")),
         depends_on=_depends_on(raw.get("depends_on")),
         build=_build(raw.get("build"), base_dir),
+        user=None if raw.get("user") is None else str(raw["user"]),
+        named_volumes=named,
     )
 
 
@@ -261,14 +296,15 @@ def _start_order(specs: Mapping[str, ServiceSpec]) -> list[ServiceSpec]:
 
 
 def service_specs(
-    compose_file: Path = COMPOSE_FILE, names: Sequence[str] = INFRA_SERVICES + INIT_SERVICES
+    compose_file: Path = COMPOSE_FILE, names: Sequence[str] = SETUP_SERVICES + INFRA_SERVICES + INIT_SERVICES
 ) -> list[ServiceSpec]:
     """The selected services of the compose file, in an order that honours depends_on."""
-    services = load_compose(compose_file)["services"]
+    doc = load_compose(compose_file)
+    services, volume_names = doc["services"], tuple(doc.get("volumes") or ())
     missing = [n for n in names if n not in services]
     if missing:
         raise ComposeSpecError(f"{compose_file} lacks service(s) {missing}")
-    specs = {n: service_spec(n, services[n], compose_file.parent) for n in names}
+    specs = {n: service_spec(n, services[n], compose_file.parent, volume_names) for n in names}
     return _start_order(specs)
 
 
@@ -281,8 +317,9 @@ def _published(spec: ServiceSpec) -> PortBinding:
     return spec.ports[0]
 
 
-def stack_settings(specs: Iterable[ServiceSpec]) -> dict[str, str]:
-    """The FLOTILLA_* settings for host clients, with the keys of stackctl's ``stack_env()``."""
+def stack_settings(specs: Iterable[ServiceSpec], registrar_file: Path | None = None) -> dict[str, str]:
+    """The FLOTILLA_* settings for host clients, with the keys of stackctl's ``stack_env()``
+    (the registrar's credentials file when given: the stack's writes need them)."""
     by_name = {s.name: s for s in specs}
     pg = by_name["postgres"]
     user = pg.environment["POSTGRES_USER"]
@@ -292,13 +329,12 @@ def stack_settings(specs: Iterable[ServiceSpec]) -> dict[str, str]:
     kafka = _published(by_name["kafka"])
     registry = _published(by_name["schema-registry"])
     connect = _published(by_name["connect"])
-    return {
+    env = {
         "FLOTILLA_STACK": "docker",
         "FLOTILLA_PROFILE": "demo",  # the compose file's demo, like the local stack
         "FLOTILLA_KAFKA_BOOTSTRAP": f"{kafka.host_ip}:{kafka.host_port}",
-        # Confluent's registry serves its API at the root (the local stack's Apicurio
-        # serves the same API under /apis/ccompat/v7).
-        "FLOTILLA_SCHEMA_REGISTRY_URL": f"http://{registry.host_ip}:{registry.host_port}",
+        # Apicurio, as in the local stack: the Confluent API under /apis/ccompat/v7.
+        "FLOTILLA_SCHEMA_REGISTRY_URL": f"http://{registry.host_ip}:{registry.host_port}/apis/ccompat/v7",
         "FLOTILLA_CONNECT_URL": f"http://{connect.host_ip}:{connect.host_port}",
         "FLOTILLA_PG_HOST": pg_port.host_ip,
         "FLOTILLA_PG_PORT": str(pg_port.host_port),
@@ -307,6 +343,9 @@ def stack_settings(specs: Iterable[ServiceSpec]) -> dict[str, str]:
         "FLOTILLA_PG_DATABASE": database,
         "FLOTILLA_PG_DSN": f"postgresql://{user}:{password}@{pg_port.host_ip}:{pg_port.host_port}/{database}",
     }
+    if registrar_file is not None:
+        env["FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"] = str(registrar_file)
+    return env
 
 
 # ------------------------------------------------------------------ docker engine
@@ -359,17 +398,27 @@ def _build_image(spec: ServiceSpec) -> None:
         raise StackStartError(f"{spec.name}: building {spec.image} from {spec.build.context} failed: {exc}") from exc
 
 
-def _container(spec: ServiceSpec, network: Network, timeout: float) -> DockerContainer:
+def _container(
+    spec: ServiceSpec,
+    network: Network,
+    timeout: float,
+    variables: Mapping[str, str] | None = None,
+    volume_prefix: str = "flotilla",
+) -> DockerContainer:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.wait_strategies import HealthcheckWaitStrategy
 
     container = DockerContainer(spec.image).with_network(network).with_network_aliases(spec.name)
-    container = container.with_envs(**spec.environment)
+    container = container.with_envs(**{k: interpolate(v, variables or {}) for k, v in spec.environment.items()})
     if spec.command is not None:
         container = container.with_command(spec.command)
     for host_path, container_path, mode in spec.volumes:
         container = container.with_volume_mapping(host_path, container_path, mode)
+    for name, container_path, mode in spec.named_volumes:  # a Docker volume, by name: this stack's own
+        container = container.with_volume_mapping(f"{volume_prefix}-{name}", container_path, mode)
     extra: dict[str, Any] = {}
+    if spec.user is not None:
+        extra["user"] = spec.user
     if spec.entrypoint is not None:
         extra["entrypoint"] = spec.entrypoint
     if spec.healthcheck is not None:
@@ -403,9 +452,16 @@ class ComposeStack:
         run_init_jobs: bool = True,
         timeout: float = START_TIMEOUT_S,
     ) -> None:
-        names = INFRA_SERVICES + INIT_SERVICES if run_init_jobs else INFRA_SERVICES
+        names = SETUP_SERVICES + INFRA_SERVICES + (INIT_SERVICES if run_init_jobs else ())
         self.specs = service_specs(compose_file, names)
-        self.env = stack_settings(self.specs)
+        # This stack's registrar (what .env's FLOTILLA_SCHEMA_REGISTRY_AUTH would be), for
+        # registry-auth-init and, through a private file, for host clients that register.
+        self._registrar = f"registrar:{secrets.token_urlsafe(32)}"
+        self._secrets = Path(tempfile.mkdtemp(prefix="flotilla-compose-"))  # 0700
+        self.registrar_file = self._secrets / "registrar"
+        self.env = stack_settings(self.specs, self.registrar_file)
+        self._volume_prefix = f"flotilla-it-{uuid.uuid4().hex[:8]}"
+        self._volumes = sorted({f"{self._volume_prefix}-{n}" for s in self.specs for n, _, _ in s.named_volumes})
         self._timeout = timeout
         self._network: Network | None = None
         self._started: list[DockerContainer] = []
@@ -415,9 +471,14 @@ class ComposeStack:
         _require_testcontainers()
         from testcontainers.core.network import Network
 
+        built: set[str] = set()  # one image may serve several services (the fleet's image)
         for spec in self.specs:  # before any container starts: a failed build leaves nothing to clean up
-            if spec.build is not None:
+            if spec.build is not None and spec.image not in built:
                 _build_image(spec)
+                built.add(spec.image)
+        fd = os.open(self.registrar_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self._registrar + "\n")
         self._network = Network().create()
         try:
             for spec in self.specs:
@@ -429,7 +490,8 @@ class ComposeStack:
         return dict(self.env)
 
     def _start_one(self, spec: ServiceSpec, network: Network) -> None:
-        container = _container(spec, network, self._timeout)
+        variables = {REGISTRAR_VARIABLE: self._registrar}
+        container = _container(spec, network, self._timeout, variables, self._volume_prefix)
         self._started.append(container)
         try:
             container.start()
@@ -455,8 +517,33 @@ class ComposeStack:
             except Exception as exc:
                 errors.append(f"network: {exc}")
             self._network = None
+        if self._volumes:
+            self._remove_volumes(errors)
+        shutil.rmtree(self._secrets, ignore_errors=True)
         if errors:
             raise StackStartError("cleanup failed: " + "; ".join(errors))
+
+    def _remove_volumes(self, errors: list[str]) -> None:
+        """This stack's named volumes (the containers that held them are gone)."""
+        try:
+            import docker
+        except ImportError:
+            return  # no SDK: testcontainers (which needs it) never ran, so nothing was made
+        try:
+            client = docker.from_env()
+        except Exception:
+            return  # no engine: nothing was made either
+        try:
+            for name in self._volumes:
+                try:
+                    client.volumes.get(name).remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+                except Exception as exc:
+                    errors.append(f"volume {name}: {exc}")
+        finally:
+            client.close()
+        self._volumes = []
 
     def __enter__(self) -> dict[str, str]:
         return self.start()

@@ -454,6 +454,7 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[l
     monkeypatch.setenv("FLOTILLA_SCHEMAS_DIR", str(tmp_path))
     monkeypatch.setattr(flotilla.settings, "load_settings", lambda *a, **k: flotilla.settings.StackSettings())
     monkeypatch.setattr(flotilla.contracts, "registry_client", lambda url: clients[0])
+    monkeypatch.setattr(flotilla.contracts, "registrar_client", lambda settings: clients[0])
     yield clients
 
 
@@ -463,6 +464,23 @@ def test_main_registers_and_prints_ids(fake_registry: list[Any], capsys: pytest.
     assert capsys.readouterr().out == "alpha-n.A -> id 101\n"
     contracts_module.main(["--quiet"])  # what make schemas (and so make demo) prints
     assert capsys.readouterr().out == "[schemas] 1 contracts registered (python -m flotilla.schemas lists them)\n"
+
+
+def test_main_says_what_to_set_when_the_registry_refuses_the_write(
+    fake_registry: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flotilla.settings import StackSettings
+
+    class _Refusing:
+        def register_schema(self, subject: str, schema: Schema) -> int:
+            raise SchemaRegistryError(401, 0, "User is not authenticated.")
+
+    for name in ("FLOTILLA_SCHEMA_REGISTRY_AUTH", "FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(contracts_module, "load_settings", lambda: StackSettings(_env_file=None))
+    fake_registry.append(_Refusing())
+    with pytest.raises(SystemExit, match=r"refuses anonymous writes .*set FLOTILLA_SCHEMA_REGISTRY_AUTH"):
+        contracts_module.main([])
 
 
 def test_main_check_registers_nothing(fake_registry: list[Any], capsys: pytest.CaptureFixture[str]) -> None:

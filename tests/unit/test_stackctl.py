@@ -610,6 +610,62 @@ def test_supervisord_runs_both_from_the_configs_written_beside_its_own(stackctl_
         assert (s.DATA / name).is_dir()
 
 
+def test_the_registry_requires_the_registrar_and_reads_its_users_from_a_private_file(
+    stackctl_moved: ModuleType, stack_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flotilla.registry import SERVER_ENV, password_digest, split_credentials
+
+    s = stackctl_moved
+    assert s.REGISTRY_AUTH_ENV == SERVER_ENV  # the same switches as compose and Kubernetes
+    (s.DATA / "kafka").mkdir(parents=True)
+    (s.DATA / "kafka" / "meta.properties").write_text("formatted\n")
+    conf = s._write_configs("java", "java", Path("/usr/lib/postgresql/15/bin"), None, s.DATA / "postgres")
+    credentials = s.REGISTRY_REGISTRAR_FILE
+    assert credentials == stack_home / "secrets" / "registry-registrar"
+    assert (_mode(credentials), _mode(credentials.parent)) == (0o600, 0o700)
+    user, password = split_credentials(credentials.read_text())
+    assert user == "registrar"
+    users = s.REGISTRY_USERS_FILE
+    assert _mode(users) == 0o600 and users.parent == s.RUN
+    assert f"quarkus.security.users.embedded.users.registrar={password_digest(user, password)}" in users.read_text()
+    assert password not in users.read_text()
+    parser = configparser.RawConfigParser()
+    parser.read(conf)
+    env = parser["program:registry"]["environment"]
+    for key, value in {**SERVER_ENV, "QUARKUS_CONFIG_LOCATIONS": str(users)}.items():
+        assert f'{key}="{value}"' in env
+    assert password not in conf.read_text()  # supervisord's config is world-readable
+    assert s._registry_requires_credentials(conf)
+    old = conf.read_text().replace('QUARKUS_HTTP_AUTH_BASIC="true",', "")
+    conf.write_text(old)
+    assert not s._registry_requires_credentials(conf)  # an older checkout's: `up` warns
+    # The env file names the credentials' file, never the credentials.
+    s.write_env_file()
+    assert f"FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE={credentials}" in s.ENV_FILE.read_text()
+    assert password not in s.ENV_FILE.read_text()
+    for name in [n for n in os.environ if n.startswith("FLOTILLA_")]:
+        monkeypatch.delenv(name)
+    assert load_settings(s.ENV_FILE).registrar_auth() == f"{user}:{password}"
+
+
+def test_compatibility_is_read_anonymously_and_set_as_the_registrar(
+    stackctl_moved: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stackctl_moved
+    calls: list[tuple[str, str | None]] = []
+
+    def http_json(
+        url: str, method: str = "GET", body: object = None, timeout: float = 5, auth: str | None = None
+    ) -> Any:
+        calls.append((method, auth))
+        return {"compatibilityLevel": "NONE"} if method == "GET" else body
+
+    monkeypatch.setattr(s, "_http_json", http_json)
+    monkeypatch.setattr(s, "_say", lambda _: None)
+    s._ensure_compatibility()
+    assert calls == [("GET", None), ("PUT", s.REGISTRY_REGISTRAR_FILE.read_text().strip())]
+
+
 class _StoppingSupervisor:
     def __init__(self) -> None:
         self.stopped: list[str] = []
