@@ -26,7 +26,8 @@ from flotilla_ops.samples import latency_fact
 from flotilla.bootstrap import bootstrap_outbox, drop_outbox
 from flotilla.contracts import register_all
 from flotilla.outbox import Outbox
-from flotilla.registry import registry_client
+from flotilla.records import ServiceLatencyIncreased
+from flotilla.registry import registrar_client
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import header, tail_consumer
@@ -51,7 +52,7 @@ def _measure(settings: StackSettings, outbox: Outbox, *, rows: int, warmup: int,
             incident = f"incident-bench-{uuid.uuid4().hex[:8]}"
             value, env = latency_fact(incident, source="/flotilla/bench")
             conn.execute("INSERT INTO bench_state VALUES (%s, %s)", (incident, i))
-            outbox.append(conn, topic="incidents", key=incident, value=value, envelope=env)
+            outbox.append(conn, ServiceLatencyIncreased.from_value(value), env, key=incident)
             conn.commit()
             committed = time.perf_counter()
             want = env.id.encode()
@@ -77,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = load_settings()
-    client = registry_client(settings.schema_registry_url)
+    client = registrar_client(settings)  # it registers: the registrar
     register_all(client)
     serde = AvroSerde(client)
     outbox = Outbox(serde)

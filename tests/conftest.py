@@ -39,8 +39,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture()
 def signing_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Path]:
-    """Fresh policy (command), remediation (proposal) and audit keys, named by the FLOTILLA_*
-    settings the services read, for tests that build the services' specs."""
+    """Fresh policy (command), remediation (proposal) and audit keys, and the producers' fact
+    key (tests.keys), named by the FLOTILLA_* settings the services read, for tests that
+    build the services' specs."""
     from flotilla.keys import load_or_create, public_key_text
 
     paths = {}
@@ -54,4 +55,10 @@ def signing_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, P
     monkeypatch.setenv("FLOTILLA_AUDIT_SIGNING_KEY_FILE", str(tmp_path / "secrets" / "audit-signing-key.pem"))
     monkeypatch.setenv("FLOTILLA_AUDIT_PUBLIC_KEYS", json.dumps([public_key_text(audit.public_key())]))
     paths["audit"] = tmp_path / "secrets" / "audit-signing-key.pem"
+    from tests.keys import fact_settings
+
+    facts = fact_settings(tmp_path / "secrets")
+    monkeypatch.setenv("FLOTILLA_SIGNING_KEY_FILE", str(facts["signing_key_file"]))
+    monkeypatch.setenv("FLOTILLA_PRODUCER_KEYS", json.dumps(facts["producer_keys"]))
+    paths["facts"] = facts["signing_key_file"]
     return paths

@@ -22,7 +22,8 @@ the first time ``up`` runs and reused ever after, and each member gets only what
   webhook (``FLOTILLA_ALERT_TOKENS``; the token itself is the stack's, in
   ``alert-webhook-token``, and only Alertmanager reads it).
 
-``sim-token-file`` and ``secrets-dir`` print where they are, for tests that act as a member.
+``sim-token-file``, ``secrets-dir`` and ``signing-key-file <member>`` print where they are,
+for tests that act as a member.
 
 Replicas: ``FLOTILLA_FLEET_REPLICAS=2`` runs two processes of every service with a
 consumer loop (``executor=3,policy-service=2`` names them one by one). Replica ``i`` (from
@@ -52,6 +53,7 @@ from stackctl import LOGS, STACK_HOME, StackError, Supervisor
 from flotilla import stackcheck
 from flotilla.bearer import token_digest
 from flotilla.fleet import (
+    AGENTS,
     AUDIT,
     CONSOLE,
     DLQ_RECONCILER,
@@ -82,10 +84,19 @@ PROPOSAL_KEY_FILE = SECRETS_DIR / "proposal-signing-key.pem"
 # Where the audit has always kept its key (services.audit.settings): an existing log stays
 # signed by the key it was signed with.
 AUDIT_KEY_FILE = STACK_HOME / "audit" / "signing-key.pem"
+# flotilla.provenance: every member signs what it emits with its own key. The three that
+# already sign something keep that one key; the others get one each here.
+PRODUCER_KEY_FILES = {
+    m.name: {POLICY: AUTHORIZATION_KEY_FILE, REMEDIATION: PROPOSAL_KEY_FILE, AUDIT: AUDIT_KEY_FILE}.get(
+        m, SECRETS_DIR / "producers" / f"{m.name}-signing-key.pem"
+    )
+    for m in AGENTS
+}
 # Settings a member must get from the fleet's own secrets, never from the calling shell.
 FLEET_SECRET_SETTINGS = frozenset(
     {
         SIM_ACTION_TOKEN,
+        f"{SIM_ACTION_TOKEN}_FILE",  # the sim and the executor get the token itself, never a file of the shell's
         "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE",
         "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS",
         "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE",
@@ -93,6 +104,8 @@ FLEET_SECRET_SETTINGS = frozenset(
         "FLOTILLA_AUDIT_SIGNING_KEY_FILE",
         "FLOTILLA_AUDIT_PUBLIC_KEYS",
         "FLOTILLA_ALERT_TOKENS",
+        "FLOTILLA_SIGNING_KEY_FILE",
+        "FLOTILLA_PRODUCER_KEYS",
     }
 )
 
@@ -109,6 +122,7 @@ class FleetSecrets:
     audit_key: Path  # the audit's private key (file): the hash chain's signatures
     audit_public: str
     alert_sender: str  # the digest of the token the stack's Alertmanager presents
+    producer_public: dict[str, str]  # each member's public key (its private key: PRODUCER_KEY_FILES)
 
     @classmethod
     def ensure(cls) -> FleetSecrets:
@@ -116,7 +130,9 @@ class FleetSecrets:
         keys = {}
         # flotilla.keys logs each key it generates; fleetctl says so itself, once, below.
         logging.getLogger("flotilla.keys").setLevel(logging.ERROR)
-        for path in (AUTHORIZATION_KEY_FILE, PROPOSAL_KEY_FILE, AUDIT_KEY_FILE):
+        for path in (AUTHORIZATION_KEY_FILE, PROPOSAL_KEY_FILE, AUDIT_KEY_FILE, *PRODUCER_KEY_FILES.values()):
+            if path in keys:
+                continue
             try:
                 key, created = load_or_create(path)
             except KeyMaterialError as exc:
@@ -135,6 +151,7 @@ class FleetSecrets:
             alert_sender=token_digest(
                 stackctl.ensure_private_token(stackctl.ALERT_WEBHOOK_TOKEN_FILE, what="the alert webhook's token")
             ),
+            producer_public={name: keys[path] for name, path in PRODUCER_KEY_FILES.items()},
         )
 
     def for_member(self, member: Member) -> dict[str, str]:
@@ -152,6 +169,9 @@ class FleetSecrets:
         if member is AUDIT:
             env["FLOTILLA_AUDIT_SIGNING_KEY_FILE"] = str(self.audit_key)
             env["FLOTILLA_AUDIT_PUBLIC_KEYS"] = json.dumps([self.audit_public])
+        if member.name in PRODUCER_KEY_FILES:
+            env["FLOTILLA_SIGNING_KEY_FILE"] = str(PRODUCER_KEY_FILES[member.name])
+            env["FLOTILLA_PRODUCER_KEYS"] = json.dumps({name: [key] for name, key in self.producer_public.items()})
         if member is HEALTH:
             env["FLOTILLA_ALERT_TOKENS"] = json.dumps([{"name": "alertmanager", "sha256": self.alert_sender}])
         return env
@@ -404,8 +424,11 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "status", "restart", "pid", "sim-token-file", "secrets-dir"])
-    parser.add_argument("service", nargs="?", help="with restart or pid: one member")
+    parser.add_argument(
+        "action",
+        choices=["up", "down", "status", "restart", "pid", "sim-token-file", "secrets-dir", "signing-key-file"],
+    )
+    parser.add_argument("service", nargs="?", help="with restart, pid or signing-key-file: one member")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -421,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
             print(SIM_ACTION_TOKEN_FILE)
         elif args.action == "secrets-dir":
             print(SECRETS_DIR)
+        elif args.action == "signing-key-file":
+            if args.service not in PRODUCER_KEY_FILES:
+                raise StackError(f"signing-key-file needs a member that signs: {', '.join(PRODUCER_KEY_FILES)}")
+            print(PRODUCER_KEY_FILES[args.service])
         else:
             return status(args.json)
     except StackError as exc:

@@ -21,6 +21,7 @@ from flotilla_ops.samples import latency_fact
 from flotilla.bootstrap import bootstrap_outbox
 from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox
+from flotilla.records import ServiceLatencyIncreased
 from flotilla.registry import registry_client
 from flotilla.serde import AvroSerde
 from flotilla.settings import load_settings
@@ -50,7 +51,7 @@ def main() -> int:
             incident = f"incident-{int(time.time())}-{n}"
             value, env = latency_fact(incident, source="/flotilla/demo", service=service, p95_ms=900.0 + 250 * n)
             conn.execute("INSERT INTO demo_incidents VALUES (%s, %s)", (incident, service))
-            payload = outbox.append(conn, topic="incidents", key=incident, value=value, envelope=env)
+            payload = outbox.append(conn, ServiceLatencyIncreased.from_value(value), env, key=incident)
             conn.commit()
             committed = time.perf_counter()
             print(f"[{committed - started:6.2f}s] committed  {incident}: state row + outbox row ({len(payload)} bytes)")

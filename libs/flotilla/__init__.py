@@ -37,7 +37,7 @@ from flotilla.http import create_app
 from flotilla.outbox import Outbox
 from flotilla.rawloop import AfterCommit, RawLoop
 from flotilla.registry import registry_client
-from flotilla.runner import Periodic, ServiceContext, ServiceSpec, run_app, run_service, start
+from flotilla.runner import Periodic, ServiceContext, ServiceSpec, fact_provenance, run_app, run_service, start
 from flotilla.serde import (
     AvroSerde,
     RecordValidationError,
@@ -121,6 +121,7 @@ __all__ = [
     "dlq_topic",
     "ensure_database",
     "escalation",
+    "fact_provenance",
     "kafka_connection",
     "load_contracts",
     "load_settings",

@@ -51,6 +51,7 @@ __all__ = [
     "required_signer",
     "verify_command",
     "verify_proposal",
+    "verify_signature",
 ]
 
 COMMAND_DOMAIN = b"flotilla/command-authorization/v1"
@@ -72,6 +73,7 @@ class Refusal(enum.StrEnum):
     UNKNOWN_KEY = "unknown-key"
     BAD_SIGNATURE = "bad-signature"  # changed after signing, or signed by someone else
     MALFORMED = "malformed"  # the signature block itself is unreadable
+    WRONG_PRODUCER = "wrong-producer"  # a fact from a member that may not state it (flotilla.provenance)
 
 
 class Unauthorized(Exception):
@@ -121,7 +123,10 @@ def _millis(at: datetime) -> datetime:
     return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
-def _verify(keyring: Keyring, domain: bytes, claims: Mapping[str, Any], signature: bytes, kid: str, what: str) -> None:
+def verify_signature(
+    keyring: Keyring, domain: bytes, claims: Mapping[str, Any], signature: bytes, kid: str, what: str
+) -> None:
+    """``signature`` over ``domain`` and ``claims`` by key ``kid`` of ``keyring``, or Unauthorized."""
     public = keyring.get(kid)
     if public is None:
         raise Unauthorized(
@@ -214,7 +219,7 @@ def verify_command(keyring: Keyring, record_type: str, command: Mapping[str, Any
         claims = _command_claims(record_type, command, block)
     except (KeyError, TypeError, ValueError) as exc:
         raise Unauthorized(Refusal.MALFORMED, f"{what}: cannot read what it claims: {exc!r}", kid) from None
-    _verify(keyring, COMMAND_DOMAIN, claims, bytes(block["signature"]), kid, what)
+    verify_signature(keyring, COMMAND_DOMAIN, claims, bytes(block["signature"]), kid, what)
     try:
         decision = Grant(block["decision"])
     except ValueError:
@@ -259,5 +264,5 @@ def verify_proposal(keyring: Keyring, proposal: Mapping[str, Any]) -> str:
         claims = _proposal_claims(proposal, block)
     except (KeyError, TypeError, ValueError) as exc:
         raise Unauthorized(Refusal.MALFORMED, f"{what}: cannot read what it claims: {exc!r}", kid) from None
-    _verify(keyring, PROPOSAL_DOMAIN, claims, bytes(block["signature"]), kid, what)
+    verify_signature(keyring, PROPOSAL_DOMAIN, claims, bytes(block["signature"]), kid, what)
     return kid

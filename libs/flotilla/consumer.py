@@ -3,8 +3,9 @@
 For each record of a poll batch:
 
 1. read the CloudEvents envelope and decode the value through the registry — a record
-   that cannot be decoded goes to ``<topic>.dlq``; one whose hop budget is spent is
-   dropped and reported (metric + LoopTerminated), never handled;
+   that cannot be decoded goes to ``<topic>.dlq``, and so does one its producer did not
+   sign (``flotilla.provenance``: dead-lettered ``unauthorized``); one whose hop budget
+   is spent is dropped and reported (metric + LoopTerminated), never handled;
 2. claim (consumer, event id) — a redelivered record has no second effect;
 3. ask the incident workflow whether it accepts the record in the incident's current
    state — a stale or out-of-order record is recorded and skipped;
@@ -41,11 +42,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from psycopg_pool import ConnectionPool
 
 from flotilla import dedupe, metrics, tracing
+from flotilla.authority import Unauthorized
 from flotilla.deadletter import DeadLetter, DeadLetterPublisher, Reason
 from flotilla.envelope import Envelope
 from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused
 from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
+from flotilla.provenance import Provenance, count_refused, payload_digest, signature_header
 from flotilla.records import BudgetExceeded, IncidentEscalated, LoopTerminated
 from flotilla.serde import AvroSerde, RegistryUnavailableError, SerdeError, UnknownSchemaIdError
 from flotilla.settings import StackSettings
@@ -281,10 +284,17 @@ class ConsumerLoop:
         handlers: Mapping[str, Handler],
         *,
         on_committed: Callable[[list[Message]], None] | None = None,
+        outbox: Outbox | None = None,
+        provenance: Provenance | None = None,
     ) -> None:
         self.config = config
         self._serde = serde
-        self._outbox = Outbox(serde, config.emits)
+        # The service's outbox (it signs with the service's key); an unsigned one for a
+        # loop run on its own (tests of the loop's mechanics).
+        self._outbox = outbox or Outbox(serde, config.emits)
+        # Whose signature each record must carry (flotilla.provenance); None: not checked,
+        # for those loops alone. A fleet member always has one (runner.ServiceContext).
+        self._provenance = provenance
         self._pool = pool
         self._handlers = dict(handlers)
         self._on_committed = on_committed  # fault-injection point: after the DB commit, before offsets are stored
@@ -523,15 +533,33 @@ class ConsumerLoop:
                 envelope=envelope,
                 record_type=record_type,
                 value=value,
+                digest=payload_digest(msg.value() or b""),
             )
 
         if envelope.hops <= 0:  # not decoded: it is never handled
-            return _Item(msg, incoming=incoming(envelope.type, {}))
+            refused = self._unauthorized(msg, envelope)
+            return _Item(msg, letter=refused) if refused else _Item(msg, incoming=incoming(envelope.type, {}))
         decoded = self._serde.deserialize(msg.value(), topic=self.config.contract_topics.get(topic, topic))
         if decoded.record_name != envelope.type:
             mismatch = BusinessRuleViolation(f"ce_type is {envelope.type} but the value is a {decoded.record_name}")
             return _Item(msg, letter=self._letter(msg, Reason.INVALID_RECORD, mismatch))
+        refused = self._unauthorized(msg, envelope)
+        if refused is not None:
+            return _Item(msg, letter=refused)
         return _Item(msg, incoming=incoming(decoded.record_name, decoded.value))
+
+    def _unauthorized(self, msg: Message, envelope: Envelope) -> DeadLetter | None:
+        """The dead letter of a record its producer did not sign (None: it did, or this loop
+        does not check). Checked after decoding, so poison keeps its own reason, and before
+        the claim, the workflow and any handler: a refused record moves nothing."""
+        if self._provenance is None:
+            return None
+        try:
+            self._provenance.verify(envelope, msg.value() or b"", signature_header(msg.headers()))
+        except Unauthorized as exc:
+            count_refused(self.config.name, envelope.type, exc.refusal)
+            return self._letter(msg, Reason.UNAUTHORIZED, exc)
+        return None
 
     def _gated(self, it: _Item) -> bool:
         return (
@@ -644,8 +672,7 @@ class ConsumerLoop:
             self.config.source,
             id=str(uuid.uuid5(_REPORT_IDS, f"{self.config.name}/{refused.envelope.id}")),
         )
-        value = {"eventId": envelope.id, **report.to_value()}
-        row = self._outbox.row(topic=report.TOPIC, key=exc.report.key, value=value, envelope=envelope)
+        row = self._outbox.row(report, envelope, key=exc.report.key)
         with conn.transaction():
             Outbox.insert(conn, [row], if_absent=True)
         metrics.count_produced(self.config.source, report.TOPIC, report.TYPE)
@@ -683,11 +710,7 @@ class ConsumerLoop:
             terminated_at=datetime.now(UTC),
         )
         try:
-            pending.append(
-                self._outbox.row(
-                    topic=terminated.TOPIC, key=envelope.correlationid, value=terminated.to_value(), envelope=report
-                )
-            )
+            pending.append(self._outbox.row(terminated, report, key=envelope.correlationid))
         except SerdeError as exc:
             # e.g. a foreign producer's non-UUID ce_id: still dropped, reported in the log
             log.error("cannot report the dropped record %s: %s", envelope.id, exc)

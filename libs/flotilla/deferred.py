@@ -170,7 +170,7 @@ class Finish:
         """The deferred record (as a handler's ``ctx.incoming``)."""
         return self.work.record
 
-    def emit(self, record: Record, *, key: str, topic: str | None = None) -> Envelope:
+    def emit(self, record: Record, *, key: str | None = None, topic: str | None = None) -> Envelope:
         """Append a record caused by the deferred one, in this transaction."""
         return self._ctx.emit(
             self.conn,

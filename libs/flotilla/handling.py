@@ -64,6 +64,9 @@ class Incoming:
     envelope: Envelope
     record_type: str
     value: dict[str, Any]
+    # SHA-256 of the payload as received, which its producer's signature covers
+    # (flotilla.provenance.payload_digest); None where no loop received it (tests, tools).
+    digest: str | None = None
 
     def typed(self, record_class: type[R]) -> R:
         """The value as its typed record (``flotilla.records``); a record of another type
@@ -94,19 +97,23 @@ class HandlerContext:
         self._source = source
         self._pending = pending
 
-    def emit(self, record: Record, *, key: str, topic: str | None = None) -> Envelope:
+    def emit(self, record: Record, *, key: str | None = None, topic: str | None = None) -> Envelope:
         """Append a record caused by the incoming one (same transaction, one hop fewer), on
-        its type's topic (or ``topic``, for a service configured with another).
+        its type's topic (or ``topic``, for a service configured with another), keyed by
+        its incident unless ``key`` says otherwise.
 
         A fact's ``eventId`` is its envelope's id: it is filled in here when left empty. The
         value is validated now (an invalid record raises here, in the handler); the row is
         inserted by the consumer loop, in bulk, before the transaction commits.
         """
-        envelope = self.incoming.envelope.caused(record.TYPE, self._source)
-        value = {"eventId": envelope.id, **record.to_value()}
-        topic = topic or record.TOPIC
-        self._pending.append(self._outbox.row(topic=topic, key=key, value=value, envelope=envelope))
-        metrics.count_produced(self._source, topic, record.TYPE)
+        return self.emit_as(record, self.incoming.envelope.caused(record.TYPE, self._source), key, topic)
+
+    def emit_as(self, record: Record, envelope: Envelope, key: str | None = None, topic: str | None = None) -> Envelope:
+        """Append ``record`` under an envelope of the caller's making (a command whose id is
+        fixed in advance, caused by a record this handler emitted), after what the handler
+        emitted so far."""
+        self._pending.append(self._outbox.row(record, envelope, key=key, topic=topic))
+        metrics.count_produced(self._source, topic or record.TOPIC, record.TYPE)
         self.emitted.append(envelope)
         return envelope
 

@@ -51,6 +51,12 @@ DEDUPE_HITS = Counter(
 DEAD_LETTERS = Counter(
     "flotilla_dead_letters_total", "Records sent to a dead-letter topic, by reason.", ["consumer", "reason"]
 )
+RECORDS_UNAUTHORIZED = Counter(
+    "flotilla_records_unauthorized_total",
+    "Records refused before any handler because their producer's signature does not hold "
+    "(flotilla.provenance), by record type and why.",
+    ["consumer", "type", "refusal"],
+)
 LOOP_DROPS = Counter("flotilla_loop_drops_total", "Records dropped because their hop budget was spent.", ["consumer"])
 STALE_TRANSITIONS = Counter(
     "flotilla_stale_transitions_total",

@@ -6,6 +6,11 @@ Router publishes each to the topic in ``aggregatetype``, keyed by ``aggregateid`
 ``payload`` passed through byte for byte and the ``ce_*`` columns as headers. The value
 is serialized (and validated) *before* the INSERT, so a record that breaks its contract
 raises and the transaction — state change included — never commits.
+
+There is one way in: :meth:`Outbox.row` takes a typed record and its envelope (which
+names its cause), fills in the record's identity, serializes, signs the exact payload
+with the service's key (``flotilla.provenance``: the ``ce_signature`` header consumers
+verify) and returns the row; :meth:`Outbox.append` inserts it at once.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from flotilla.authority import Signer
 from flotilla.envelope import CONTENT_TYPE, Envelope
+from flotilla.provenance import SIGNATURE_HEADER, sign_fact
 from flotilla.serde import AvroSerde
+from flotilla.typedrecord import Record
 
 OUTBOX_TABLE = "outbox"
 
@@ -38,9 +46,11 @@ CREATE TABLE IF NOT EXISTS {OUTBOX_TABLE} (
     ce_hops          text        NOT NULL,
     ce_traceparent   text        NOT NULL,
     content_type     text        NOT NULL,
-    created_at       timestamptz NOT NULL DEFAULT now()
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    ce_signature     text
 );
 CREATE INDEX IF NOT EXISTS {OUTBOX_TABLE}_created_at_idx ON {OUTBOX_TABLE} (created_at);
+ALTER TABLE {OUTBOX_TABLE} ADD COLUMN IF NOT EXISTS ce_signature text;
 """
 
 # Outbox columns that the connector places as Kafka headers, and the header names.
@@ -55,12 +65,13 @@ HEADER_COLUMNS: dict[str, str] = {
     "ce_hops": "ce_hops",
     "ce_traceparent": "ce_traceparent",
     "content_type": "content-type",
+    "ce_signature": SIGNATURE_HEADER,
 }
 
 _INSERT = f"""
 INSERT INTO {OUTBOX_TABLE} (id, aggregatetype, aggregateid, type, payload, ce_specversion, ce_source,
-    ce_time, ce_correlationid, ce_causationid, ce_hops, ce_traceparent, content_type)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ce_time, ce_correlationid, ce_causationid, ce_hops, ce_traceparent, content_type, ce_signature)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 
@@ -97,32 +108,46 @@ OutboxRow = tuple[Any, ...]
 
 
 class Outbox:
-    """Validated, serialized records into the outbox, inside the caller's transaction.
+    """Validated, serialized, signed records into the outbox, inside the caller's transaction.
 
     ``topics`` are the topics this service may publish to (its ``ServiceSpec.emits``);
-    None leaves the choice to the database constraint alone (tools and tests).
+    None leaves the choice to the database constraint alone (tools and tests). ``signer``
+    is the service's key: every fleet member has one, and its consumers refuse what it
+    did not sign; None writes unsigned rows (tools, and tests of the outbox itself).
     """
 
-    def __init__(self, serde: AvroSerde, topics: Sequence[str] | None = None) -> None:
+    def __init__(self, serde: AvroSerde, topics: Sequence[str] | None = None, signer: Signer | None = None) -> None:
         self._serde = serde
         self._topics = None if topics is None else frozenset(topics)
+        self._signer = signer
 
     @property
     def serde(self) -> AvroSerde:
         return self._serde
 
-    def row(self, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> OutboxRow:
-        """Serialize ``value`` as ``envelope.type`` for ``topic``: the row to insert.
+    def row(self, record: Record, envelope: Envelope, *, key: str | None = None, topic: str | None = None) -> OutboxRow:
+        """The row for ``record`` under ``envelope``: on its type's topic (or ``topic``, for
+        a service configured with another), keyed by its incident unless ``key`` says
+        otherwise. A fact's empty ``eventId`` becomes its envelope's id.
 
-        Raises RecordValidationError when the value does not match the registered schema,
-        so nothing invalid ever reaches the table, and UndeclaredTopicError for a topic the
+        Raises RecordValidationError when the value does not match its contract, so
+        nothing invalid ever reaches the table, and UndeclaredTopicError for a topic the
         service did not declare.
         """
+        if envelope.type != record.TYPE:
+            raise ValueError(f"a {record.TYPE} record under an envelope of type {envelope.type}")
+        topic = topic or record.TOPIC
         if self._topics is not None and topic not in self._topics:
             raise UndeclaredTopicError(
                 f"{envelope.source} may publish to {', '.join(sorted(self._topics)) or 'no topic'}, not to {topic!r}"
             )
+        value = record.to_value()
+        if hasattr(record, "event_id"):
+            value.setdefault("eventId", envelope.id)
+        if key is None:
+            key = str(getattr(record, "incident_id", "") or envelope.correlationid)
         payload = self._serde.serialize(topic, envelope.type, value)
+        signature = None if self._signer is None else sign_fact(self._signer, envelope, payload)
         return (
             envelope.id,
             topic,
@@ -137,6 +162,7 @@ class Outbox:
             str(envelope.hops),
             envelope.traceparent,
             CONTENT_TYPE,
+            signature,
         )
 
     @staticmethod
@@ -153,13 +179,13 @@ class Outbox:
     def append(
         self,
         conn: psycopg.Connection[Any],
-        *,
-        topic: str,
-        key: str,
-        value: dict[str, Any],
+        record: Record,
         envelope: Envelope,
+        *,
+        key: str | None = None,
+        topic: str | None = None,
     ) -> bytes:
-        """Serialize and insert one record now; returns the payload that will be published."""
-        row = self.row(topic=topic, key=key, value=value, envelope=envelope)
+        """:meth:`row`, inserted now; returns the payload that will be published."""
+        row = self.row(record, envelope, key=key, topic=topic)
         self.insert(conn, [row])
         return bytes(row[4])

@@ -27,6 +27,7 @@ from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
 
 from flotilla import consumer, metrics, tracing
+from flotilla.authority import Signer, required_signer
 from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
 from flotilla.connectors import ConnectError
 from flotilla.consumer import ConsumerLoop, LoopConfig
@@ -34,6 +35,7 @@ from flotilla.envelope import Envelope
 from flotilla.handling import Handler
 from flotilla.http import create_app, database_ready, serve_http
 from flotilla.outbox import Outbox, allow_topics
+from flotilla.provenance import Provenance
 from flotilla.registry import registry_client
 from flotilla.retention import Retention, dedupe_window, prune, topic_retention_ms
 from flotilla.serde import AvroSerde
@@ -53,8 +55,13 @@ class ServiceContext:
         self.settings = settings
         self.pool = pool
         self.serde = serde
-        self.outbox = Outbox(serde, spec.emits)
-        self.source = f"/flotilla/{spec.name}"
+        # Every record this member emits is signed with its key; every record it consumes
+        # must carry its producer's signature (flotilla.provenance). Fail closed: a member
+        # missing either refuses to start, naming the setting.
+        self.signer = fact_signer(settings) if spec.publishes else None
+        self.provenance = fact_provenance(settings) if spec.topics else None
+        self.outbox = Outbox(serde, spec.emits, self.signer)
+        self.source = f"/flotilla/{spec.producer or spec.name}"
         self.stopping = threading.Event()
 
     def emit(
@@ -62,7 +69,7 @@ class ServiceContext:
         conn: psycopg.Connection[Any],
         record: Record,
         *,
-        key: str,
+        key: str | None = None,
         correlation: str,
         cause: Envelope | None = None,
         topic: str | None = None,
@@ -85,9 +92,7 @@ class ServiceContext:
                     envelope = Envelope(type=record_type, source=self.source, correlationid=correlation)
                     if traceparent is not None:
                         envelope = dataclasses.replace(envelope, traceparent=traceparent)
-        self.outbox.append(
-            conn, topic=topic, key=key, value={"eventId": envelope.id, **record.to_value()}, envelope=envelope
-        )
+        self.outbox.append(conn, record, envelope, key=key, topic=topic)
         metrics.count_produced(self.source, topic, record_type)
         return envelope
 
@@ -127,6 +132,10 @@ class ServiceSpec:
     # constraint on its outbox table. Only the policy service may write `commands`.
     emits: tuple[str, ...] = ("incidents",)
     loop: Mapping[str, Any] = field(default_factory=dict)  # extra LoopConfig fields
+    # The member whose records this service states (its ce_source, whose key signs them:
+    # flotilla.provenance), when it runs under a name of its own (a second deployment with
+    # its own consumer group, a test); None: its name.
+    producer: str | None = None
     # Why the service cannot do its job now, beyond its database (None: it can): makes
     # /readyz answer 503 with the reason (the health agent while its metrics fail).
     not_ready: Callable[[], str | None] | None = None
@@ -185,7 +194,29 @@ def prepare_when_available(
 def build_loop(ctx: ServiceContext) -> ConsumerLoop:
     spec = ctx.spec
     config = LoopConfig(name=spec.name, topics=spec.topics, source=ctx.source, emits=spec.emits, **dict(spec.loop))
-    return ConsumerLoop(config, ctx.settings, ctx.serde, ctx.pool, spec.handlers(ctx))
+    return ConsumerLoop(
+        config, ctx.settings, ctx.serde, ctx.pool, spec.handlers(ctx), outbox=ctx.outbox, provenance=ctx.provenance
+    )
+
+
+def fact_signer(settings: ServiceSettings) -> Signer:
+    """The member's own signing key (FLOTILLA_SIGNING_KEY_FILE)."""
+    return required_signer(
+        settings.signing_key_file,
+        setting="FLOTILLA_SIGNING_KEY_FILE",
+        why="every record a member emits is signed with its own key, and its consumers refuse unsigned ones",
+    )
+
+
+def fact_provenance(settings: ServiceSettings) -> Provenance:
+    """Each producer's trusted keys (FLOTILLA_PRODUCER_KEYS: a JSON object, member name → keys)."""
+    provenance = Provenance.parse(settings.producer_keys)
+    if not provenance:
+        raise ValueError(
+            "FLOTILLA_PRODUCER_KEYS is empty: a member believes a record only when its producer's key signed it; "
+            'set {"health-agent": ["ed25519:…"], …} (python -m flotilla.keys public <key file>)'
+        )
+    return provenance
 
 
 def _run_periodic(ctx: ServiceContext, interval: float | Pace, task: Callable[[ServiceContext], None]) -> None:

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, model_validator
+from psycopg.conninfo import make_conninfo
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Where a Kafka client connects: a bare bootstrap address (local stack, tests) or the
@@ -79,6 +80,12 @@ class StackSettings(BaseSettings):
     kafka_sasl_password: str | None = None
     kafka_ssl_ca_location: str | None = None  # PEM file of the cluster's CA (else the system's)
     schema_registry_url: str = "http://127.0.0.1:18081/apis/ccompat/v7"
+    # The registrar's credentials (user:password), for the paths that write to the registry
+    # (flotilla.registry.registrar_client): the value, or a file holding it (the local stack
+    # names its 0600 secret file here, never the value: its env file is world-readable).
+    # Services that only serialize and deserialize read anonymously and need neither.
+    schema_registry_auth: str | None = Field(None, repr=False)
+    schema_registry_auth_file: Path | None = None
     connect_url: str = "http://127.0.0.1:18083"
     # The stack's Prometheus (the estate's alerting rules) and Alertmanager (routes alerts to
     # the health agent): where tools and tests check them and query them.
@@ -89,6 +96,11 @@ class StackSettings(BaseSettings):
     pg_user: str = "flotilla"
     pg_password: str = "flotilla"
     pg_database: str = "flotilla"
+
+    @field_validator("schema_registry_auth", "schema_registry_auth_file", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _sasl_is_complete(self) -> StackSettings:
@@ -117,6 +129,17 @@ class StackSettings(BaseSettings):
                 f"Set {setting}; only FLOTILLA_PROFILE=demo falls back to the public demo credentials."
             )
 
+    def registrar_auth(self) -> str | None:
+        """The registrar's ``user:password``: FLOTILLA_SCHEMA_REGISTRY_AUTH, else the content of
+        FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE, else None (anonymous: reads only)."""
+        if self.schema_registry_auth:
+            return self.schema_registry_auth.strip()
+        if self.schema_registry_auth_file:
+            from flotilla.registry import read_credentials  # not at the top: registry needs no settings
+
+            return read_credentials(self.schema_registry_auth_file)
+        return None
+
     def kafka_client(self) -> dict[str, Any]:
         """The connection part of every Kafka client's configuration (see KafkaTarget)."""
         conf: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap}
@@ -131,11 +154,16 @@ class StackSettings(BaseSettings):
         return conf
 
     def pg_dsn(self, database: str | None = None) -> str:
-        """A libpq connection string for one database of the stack's PostgreSQL."""
-        db = database or self.pg_database
-        return (
-            f"host={self.pg_host} port={self.pg_port} user={self.pg_user} "
-            f"password={self.pg_password} dbname={db} connect_timeout=5"
+        """A libpq connection string for one database of the stack's PostgreSQL. Built by
+        psycopg, which quotes each value: a password (or any value) with spaces, quotes,
+        backslashes or ``=`` is passed as it is, and cannot add a parameter of its own."""
+        return make_conninfo(
+            host=self.pg_host,
+            port=self.pg_port,
+            user=self.pg_user,
+            password=self.pg_password,
+            dbname=database or self.pg_database,
+            connect_timeout=5,
         )
 
 
@@ -165,6 +193,11 @@ class ServiceSettings(StackSettings):
     # it gives up (exit 1). Waiting in the process, not crash-looping: a supervisor's or
     # Kubernetes' restart back-off would keep it down long after they are back.
     startup_patience_seconds: float = Field(300.0, ge=0)
+    # flotilla.provenance: this member's own key, which signs every record it emits, and
+    # each producer's public keys (by member name, several while one rotates), which every
+    # record it consumes is checked against. A member refuses to start without them.
+    signing_key_file: Path | None = None  # FLOTILLA_SIGNING_KEY_FILE
+    producer_keys: dict[str, list[str]] = Field(default_factory=dict)  # FLOTILLA_PRODUCER_KEYS (JSON)
 
     @classmethod
     def load(cls, **overrides: Any) -> Self:

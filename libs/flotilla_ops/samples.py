@@ -13,7 +13,7 @@ SERVICE_LATENCY_INCREASED = ServiceLatencyIncreased.TYPE
 
 
 def latency_fact(
-    incident: str, *, source: str = "/flotilla/tests", service: str = "checkout-api", p95_ms: float = 1840.0
+    incident: str, *, source: str = "/flotilla/health-agent", service: str = "checkout-api", p95_ms: float = 1840.0
 ) -> tuple[dict[str, Any], Envelope]:
     """A ServiceLatencyIncreased value and its envelope (same event id in both)."""
     event_id = str(uuid.uuid4())

@@ -43,11 +43,13 @@ from flotilla import (
     ServiceContext,
     UndecodableRecordError,
     commands,
+    fact_provenance,
     kafka_connection,
     metrics,
 )
 from flotilla.authority import Unauthorized, verify_command
 from flotilla.keys import Keyring
+from flotilla.provenance import Provenance, signature_header
 from flotilla.rawrecords import b64, from_jsonable, jsonable
 from services.dlq_reconciler.quarantine import (
     DeadLetter,
@@ -162,9 +164,10 @@ class _RequeueProducer:
                         "enable.idempotence": True,
                         "acks": "all",
                         "linger.ms": 0,
-                        # Without a known origin partition, place by key as Debezium (a Java
-                        # client) does, murmur2, or the copy lands outside its incident's
-                        # partition and loses per-incident order (librdkafka's default: CRC32).
+                        # Place by key as Debezium (a Java client) does, murmur2, so the copy
+                        # lands in its key's partition and keeps per-incident order
+                        # (librdkafka's default, CRC32, would put it elsewhere). A keyless
+                        # record goes to any partition.
                         "partitioner": "murmur2_random",
                     }
                 )
@@ -173,13 +176,15 @@ class _RequeueProducer:
     def send(
         self,
         topic: str,
-        partition: int | None,
         key: bytes | None,
         value: bytes,
         headers: list[tuple[str, str | bytes | None]],
     ) -> _Delivery:
-        """Produce and wait for the acknowledgement. Into ``partition`` when known (where the
-        record was: it keeps its place in its key's order), else by the key."""
+        """Produce and wait for the acknowledgement. The partition is the key's, as the
+        fleet's producers place every record: never one a letter names. Its
+        ``dlq_origin_partition`` is a header, which whoever writes to a DLQ chooses; sent
+        there, a copy could land outside its key's partition, behind or ahead of its own
+        incident's records, or on a partition another consumer owns."""
         delivery = _Delivery()
         done = threading.Event()
 
@@ -197,7 +202,6 @@ class _RequeueProducer:
                 key=key,
                 value=value,
                 headers=headers,
-                partition=-1 if partition is None else partition,  # -1: the partitioner decides
                 on_delivery=delivered,
             )
         except (KafkaException, BufferError) as exc:
@@ -214,6 +218,7 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
     if demo:
         log.warning("the public demo operator token is accepted: set FLOTILLA_OPERATOR_TOKENS outside the demo")
     authority = Keyring.parse(settings.authorization_public_keys)
+    producers = fact_provenance(settings)  # whose signature a re-queued record must still carry
 
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
         producer = _RequeueProducer(settings.kafka_client(), settings.requeue_timeout_seconds)
@@ -302,9 +307,15 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
                     raise HTTPException(422, {"error": str(exc), "problems": exc.problems}) from None
                 except RegistryUnavailableError as exc:
                     raise HTTPException(503, {"error": str(exc)}) from None
+                if sanitized is None:
+                    payload = letter.value or payload  # the very bytes its producer signed
+                try:
+                    still_signed(producers, letter, payload)
+                except RequeueRefused as exc:
+                    raise HTTPException(422, {"error": str(exc), "problems": exc.problems}) from None
                 origin = provenance(letter.dlq_topic, letter.dlq_partition, letter.dlq_offset)
                 headers = requeue_headers(letter.original_headers, requeued_from=origin, requeued_by=operator.name)
-                delivery = producer.send(letter.origin_topic, letter.origin_partition, letter.key, payload, headers)
+                delivery = producer.send(letter.origin_topic, letter.key, payload, headers)
                 if delivery.error is not None:
                     raise HTTPException(502, {"error": f"could not produce to {letter.origin_topic}: {delivery.error}"})
                 cur.execute(
@@ -345,6 +356,22 @@ def make_routes(settings: DlqSettings) -> Callable[[FastAPI, ServiceContext], No
             }
 
     return routes
+
+
+def still_signed(producers: Provenance, letter: DeadLetter, payload: bytes) -> None:
+    """Refuse a re-queue whose record its producer would not have signed: an edited value,
+    or a record that was never signed (a dead letter ``unauthorized``). A re-queue goes back
+    to consumers that check the signature anyway; refusing here says why at once, to the
+    operator, instead of as one more dead letter."""
+    envelope = check_envelope(letter.original_headers)
+    try:
+        producers.verify(envelope, payload, signature_header(letter.original_headers))
+    except Unauthorized as exc:
+        raise RequeueRefused(
+            f"the record's signature by its producer does not hold ({exc.refusal.value}): {exc}; a re-queue never "
+            "speaks for a producer: re-queue the record unchanged, or let its producer state it again",
+            [f"signature: {exc.refusal.value}"],
+        ) from exc
 
 
 def requeue_payload(

@@ -206,6 +206,6 @@ class Reconciler:
         self._sighting(conn, letter, quarantine_id)
         if envelope is None:
             return False
-        value = {"eventId": envelope.id, **quarantine_fact(letter, quarantine_id, now).to_value()}
-        self._ctx.outbox.append(conn, topic=self._topic, key=letter.incident_id, value=value, envelope=envelope)
+        fact = quarantine_fact(letter, quarantine_id, now)
+        self._ctx.outbox.append(conn, fact, envelope, key=letter.incident_id, topic=self._topic)
         return True

@@ -1,6 +1,7 @@
 """What the policy service does with the records it consumes.
 
-RecoveryProposed: check it (digest, steps), decide, make it the current proposal for its
+RecoveryProposed: check it (attestation, digest, steps, and that the diagnosis and incident
+it rests on are facts this service verified: services/policy/basis.py), decide, make it the current proposal for its
 incident and resources (superseding older pending ones), record proposal and decision,
 and emit — RecoveryApproved(auto) plus the commands, HumanApprovalRequired, or
 CommandDenied (always CommandDenied in a dry run). IncidentEscalated: the incident is in
@@ -18,11 +19,20 @@ from datetime import datetime, timedelta
 
 from prometheus_client import Counter
 
-from flotilla import BusinessRuleViolation, Envelope, Handler, HandlerContext, RecordRefused, ServiceContext
+from flotilla import (
+    BusinessRuleViolation,
+    Envelope,
+    Handler,
+    HandlerContext,
+    RecordRefused,
+    Report,
+    ServiceContext,
+    escalation,
+)
 from flotilla.authority import Grant, Unauthorized, verify_proposal
 from flotilla.deadletter import Reason
 from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryApproved, RecoveryProposed
-from services.policy import records, store
+from services.policy import basis, records, store
 from services.policy.approval_rules import ProposalStatus
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
 from services.policy.decide import Decision, Outcome, dry_run_reasons
@@ -36,6 +46,11 @@ FORGED = Counter(
     "flotilla_policy_unattested_proposals_total",
     "Proposals refused because no trusted remediation agent signed them, by refusal.",
     ["refusal"],
+)
+
+UNSUPPORTED = Counter(
+    "flotilla_policy_unsupported_proposals_total",
+    "Attested proposals refused because the diagnosis or incident they rest on is no fact this service verified.",
 )
 
 
@@ -56,7 +71,11 @@ def make_handlers(svc: ServiceContext, runtime: PolicyRuntime) -> Mapping[str, H
         if cancelled:
             log.info("incident %s escalated: cancelled pending approvals %s", incident, ", ".join(cancelled))
 
-    return {RecoveryProposed.TYPE: on_recovery_proposed, IncidentEscalated.TYPE: on_incident_escalated}
+    return {
+        RecoveryProposed.TYPE: on_recovery_proposed,
+        IncidentEscalated.TYPE: on_incident_escalated,
+        **dict.fromkeys(basis.REMEMBERED, basis.remember),
+    }
 
 
 def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerContext) -> None:
@@ -71,6 +90,15 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
         proposal = read_proposal(ctx.incoming.value, correlation_id=ctx.incoming.envelope.correlationid)
     except InvalidProposal as exc:
         raise BusinessRuleViolation(f"RecoveryProposed refused: {exc}") from exc
+    # Then: what it was planned from must be facts this service verified itself.
+    problem = basis.unsupported(ctx.conn, proposal.incident_id, proposal.diagnosis_event_id)
+    if problem is not None:
+        UNSUPPORTED.inc()
+        # The agent's own plan, refused: the incident has none now, so a person takes it
+        # (reported once, even if the record is delivered again).
+        reason = f"the remediation agent's plan {proposal.proposal_id} was refused: {problem}"
+        report = Report(proposal.incident_id, escalation(proposal.incident_id, reason, cause=ctx.incoming.envelope))
+        raise RecordRefused(Reason.UNAUTHORIZED, f"RecoveryProposed {proposal.proposal_id} refused: {problem}", report)
 
     existing = store.get(ctx.conn, proposal.proposal_id)
     if existing is not None:
@@ -108,8 +136,7 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
         )
         approved = ctx.emit(approval, key=proposal.incident_id)
         records.issue_commands(
-            svc.outbox,
-            ctx.conn,
+            ctx.emit_as,
             cause=approved,
             source=svc.source,
             commands=[command_record(step) for step in proposal.steps],

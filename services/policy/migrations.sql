@@ -69,3 +69,18 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The facts this service itself verified (flotilla.provenance: its consumer loop checked
+-- each producer's signature) that a proposal may rest on: an incident's opening by the
+-- health agent and its diagnoses by the diagnostic agent. A proposal is decided only if
+-- the diagnosis it names (by event id, under the agent's attestation) is one of them, for
+-- its incident, and the incident was opened by the health agent (services/policy/basis.py).
+CREATE TABLE IF NOT EXISTS policy_verified_facts (
+    event_id    text        PRIMARY KEY,
+    incident_id text        NOT NULL,
+    record_type text        NOT NULL,
+    producer    text        NOT NULL,
+    digest      text        NOT NULL,
+    seen_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS policy_verified_facts_incident_idx ON policy_verified_facts (incident_id);

@@ -2,28 +2,30 @@
 
 Commands are not emitted like its facts (``flotilla.records``, through ``ctx.emit``):
 their schema has no ``eventId``, and their ``ce_id`` must be their ``commandId`` (fixed in
-the proposal and covered by the digest), so they are appended to the outbox here with an
-envelope built for that id.
+the proposal and covered by the digest), so they are appended to the outbox here, through
+the same ``Outbox.append``, with an envelope built for that id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
-from flotilla import Envelope, Outbox
+from flotilla import Envelope, Record
 from flotilla.authority import Grant, Signer, authorize_command
-from flotilla.commands import COMMANDS_TOPIC, resource_key
 from flotilla.commands import record_type as command_type
+from flotilla.commands import resource_key
+from flotilla.records import BY_TYPE
 from services.policy.commands import command_kind
+
+# Appends one command under its envelope, keyed by its target: the handler's pending rows
+# (``HandlerContext.emit_as``) or the outbox at once (``Outbox.append``), both the one way in.
+CommandSink = Callable[[Record, Envelope, str], object]
 
 
 def issue_commands(
-    outbox: Outbox,
-    conn: psycopg.Connection[Any],
+    sink: CommandSink,
     *,
     cause: Envelope,
     source: str,
@@ -34,9 +36,9 @@ def issue_commands(
     proposal_digest: str,
     at: datetime,
 ) -> list[Envelope]:
-    """Sign each command (the executor runs nothing else) and append it to ``commands``,
-    keyed by its target, caused by ``cause`` (the RecoveryApproved), with ``ce_id`` = its
-    ``commandId``. In the caller's transaction."""
+    """Sign each command (the executor runs nothing else) and hand it to ``sink`` for
+    ``commands``, keyed by its target, caused by ``cause`` (the RecoveryApproved), with
+    ``ce_id`` = its ``commandId``. After the approval, in the caller's transaction."""
     issued = []
     for command in commands:
         record_type = command_type(command_kind(command))
@@ -50,6 +52,6 @@ def issue_commands(
             now=at,
         )
         envelope = cause.caused(record_type, source, id=str(command["commandId"]))
-        outbox.append(conn, topic=COMMANDS_TOPIC, key=resource_key(command["target"]), value=signed, envelope=envelope)
+        sink(BY_TYPE[record_type].from_value(signed), envelope, resource_key(command["target"]))
         issued.append(envelope)
     return issued

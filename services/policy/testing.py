@@ -6,8 +6,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from flotilla.commands import idempotency_key
 from flotilla.digest import command_digest
+from flotilla.records import AlertObserved, DiagnosisConcluded, DiagnosisRequested, ServiceLatencyIncreased
 
 AGENT = "remediation-agent-1"
 
@@ -66,7 +69,7 @@ def proposal(
         "incidentId": incident,
         "proposalId": pid,
         "proposedBy": proposed_by,
-        "diagnosisEventId": str(uuid.uuid4()),
+        "diagnosisEventId": diagnosis_of(incident),
         "steps": plan,
         "digest": digest or command_digest(plan),
         "reasoning": {
@@ -79,3 +82,29 @@ def proposal(
         },
         "proposedAt": _now(),
     }
+
+
+_DIAGNOSES = uuid.UUID("6d1f4f57-3c1e-4f0b-9b5e-2a7c0e9d4b11")
+
+
+def diagnosis_of(incident: str) -> str:
+    """The event id of the diagnosis a test proposal for ``incident`` names (derived, so a
+    test can record that diagnosis as verified: :func:`verified_basis`)."""
+    return str(uuid.uuid5(_DIAGNOSES, incident))
+
+
+def verified_basis(conn: psycopg.Connection[Any], incident: str) -> None:
+    """Record, as the policy's loop would on seeing them signed, the health agent's opening
+    of ``incident`` and the diagnosis its test proposals name (services/policy/basis.py)."""
+    rows = [  # an incident has several: the breach, the request for a diagnosis, alerts
+        (str(uuid.uuid4()), incident, ServiceLatencyIncreased.TYPE, "health-agent", "sha256:test"),
+        (str(uuid.uuid4()), incident, DiagnosisRequested.TYPE, "health-agent", "sha256:test"),
+        (str(uuid.uuid4()), incident, AlertObserved.TYPE, "health-agent", "sha256:test"),
+        (diagnosis_of(incident), incident, DiagnosisConcluded.TYPE, "diagnostic-agent", "sha256:test"),
+    ]
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO policy_verified_facts (event_id, incident_id, record_type, producer, digest) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING",
+            rows,
+        )

@@ -19,8 +19,9 @@ from confluent_kafka import Consumer
 
 from flotilla.authority import Signer
 from flotilla.envelope import Envelope
-from flotilla.fleet import AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
-from flotilla.keys import load_private_key
+from flotilla.fleet import AGENTS, AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, POLICY, SIM, Member, url
+from flotilla.keys import load_private_key, public_key_text
+from flotilla.provenance import SIGNATURE_HEADER, producer_of, sign_fact
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings
 from flotilla.tailing import tail_consumer
@@ -123,6 +124,7 @@ class Watch:
 class Fleet:
     def __init__(self, stack: StackSettings, serde: AvroSerde) -> None:
         self.stack = stack
+        self._producer_signers: dict[str, Signer | None] = {}
         self.serde = serde
 
     def watch(self) -> Watch:
@@ -156,6 +158,30 @@ class Fleet:
         )
         assert done.returncode == 0, done.stdout + done.stderr
         return Path(done.stdout.strip())
+
+    def producer_key_file(self, member: str) -> Path | None:
+        """Where ``member``'s signing key is (flotilla.provenance); None for a source that is
+        no member of the fleet."""
+        done = subprocess.run(
+            [sys.executable, str(FLEETCTL), "signing-key-file", member], capture_output=True, text=True, timeout=30
+        )
+        return Path(done.stdout.strip()) if done.returncode == 0 else None
+
+    def producer_signer(self, member: str) -> Signer | None:
+        """The key ``member`` signs its records with; None for no member of the fleet."""
+        if member not in self._producer_signers:
+            path = self.producer_key_file(member)
+            self._producer_signers[member] = Signer(load_private_key(path)) if path else None
+        return self._producer_signers[member]
+
+    def producer_keys(self) -> dict[str, list[str]]:
+        """Every member's public key, as FLOTILLA_PRODUCER_KEYS holds them."""
+        keys = {}
+        for member in AGENTS:
+            signer = self.producer_signer(member.name)
+            assert signer is not None, member.name
+            keys[member.name] = [public_key_text(signer.public_key)]
+        return keys
 
     @cached_property
     def policy_signer(self) -> Signer:
@@ -265,10 +291,26 @@ class Fleet:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-def produce(fleet: Fleet, topic: str, key: str, record_type: str, value: dict[str, Any], envelope: Envelope) -> None:
-    """Publish a record as a (test) producer would: valid against its registered schema."""
+def produce(
+    fleet: Fleet,
+    topic: str,
+    key: str,
+    record_type: str,
+    value: dict[str, Any],
+    envelope: Envelope,
+    *,
+    signed: bool = True,
+) -> None:
+    """Publish a record as the producer its ``ce_source`` names would: valid against its
+    registered schema and, unless ``signed`` is False (a forger without the key), signed
+    with that member's own key."""
     producer = ordered_producer(fleet.stack.kafka_bootstrap)
-    producer.produce(topic, key=key, value=fleet.serde.serialize(topic, record_type, value), headers=envelope.headers())
+    payload = fleet.serde.serialize(topic, record_type, value)
+    headers = envelope.headers()
+    signer = fleet.producer_signer(producer_of(envelope.source) or "") if signed else None
+    if signer is not None:
+        headers.append((SIGNATURE_HEADER, sign_fact(signer, envelope, payload).encode()))
+    producer.produce(topic, key=key, value=payload, headers=headers)
     assert producer.flush(10) == 0
 
 

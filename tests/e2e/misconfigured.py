@@ -4,7 +4,9 @@
 every IncidentEscalated with a BudgetExceeded. Each one alone is plausible; together they
 answer each other forever — unless the hop budget cuts the chain. Both are ordinary
 Flotilla services (runner, own database, outbox, Debezium) on the real ``incidents``
-topic, so the loop runs through the same path as the fleet's own records.
+topic, so the loop runs through the same path as the fleet's own records. Each states its
+records as a real member (``MEMBER``) with that member's key, as a second deployment of it
+with a bad configuration would.
 
 ``python -m tests.e2e.misconfigured escalator|watchdog`` runs one until SIGTERM.
 """
@@ -25,6 +27,9 @@ from flotilla.settings import ServiceSettings
 BUDGET_EXCEEDED = "dev.flotilla.incidents.BudgetExceeded"
 INCIDENT_ESCALATED = "dev.flotilla.incidents.IncidentEscalated"
 ROLES = {"escalator": (BUDGET_EXCEEDED, INCIDENT_ESCALATED), "watchdog": (INCIDENT_ESCALATED, BUDGET_EXCEEDED)}
+# Each is a misconfigured second deployment of a real member (any member that runs a loop
+# may state these runtime reports: flotilla.provenance), signing with that member's key.
+MEMBER = {"escalator": "executor", "watchdog": "policy-service"}
 
 
 def database(role: str) -> str:
@@ -50,6 +55,7 @@ def spec(role: str) -> ServiceSpec:
         topics=("incidents",),
         handlers=handlers,
         loop={"follow_workflow": False},
+        producer=MEMBER[role],
     )
 
 

@@ -4,6 +4,7 @@ with no hops left is dropped and reported once as LoopTerminated."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,7 +34,13 @@ def misconfigured_pair(fleet: Fleet) -> Iterator[None]:
     processes = []
     for role in misconfigured.ROLES:
         log = (REPO_ROOT / ".stack" / "logs" / f"misconfigured-{role}.log").open("w")
-        env = {**os.environ, "FLOTILLA_HTTP_PORT": "0", "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "FLOTILLA_HTTP_PORT": "0",
+            "PYTHONUNBUFFERED": "1",
+            "FLOTILLA_SIGNING_KEY_FILE": str(fleet.producer_key_file(misconfigured.MEMBER[role])),
+            "FLOTILLA_PRODUCER_KEYS": json.dumps(fleet.producer_keys()),
+        }
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.e2e.misconfigured", role],
@@ -71,7 +78,11 @@ def test_a_ping_pong_loop_in_the_fleet_is_cut_by_the_hop_budget(
     schema = next(c.schema for c in load_contracts() if c.full_name == misconfigured.BUDGET_EXCEEDED)
     first = sample_value(schema, incidentId=incident)
     envelope = Envelope(
-        type=misconfigured.BUDGET_EXCEEDED, source="/tests/e2e", correlationid=incident, id=first["eventId"], hops=HOPS
+        type=misconfigured.BUDGET_EXCEEDED,
+        source="/flotilla/policy-service",  # signed with its key by produce()
+        correlationid=incident,
+        id=first["eventId"],
+        hops=HOPS,
     )
     started = time.monotonic()
     produce(fleet, "incidents", incident, misconfigured.BUDGET_EXCEEDED, first, envelope)

@@ -25,6 +25,7 @@ from flotilla.records import BY_TYPE
 from flotilla.runner import ServiceContext, ServiceSpec, prepare
 from flotilla.settings import ServiceSettings, StackSettings
 from flotilla.typedrecord import Record
+from tests.keys import fact_settings
 
 SCALE = "dev.flotilla.commands.ScaleService"
 DB = f"flotilla_it_allow_{uuid.uuid4().hex[:6]}"
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def agent(stack: StackSettings) -> Iterator[ServiceContext]:
     spec = ServiceSpec(name="it-allowlist-agent", database=DB, emits=REMEDIATION.emits)
-    ctx = prepare(spec, ServiceSettings(**stack.model_dump()))
+    ctx = prepare(spec, ServiceSettings(**stack.model_dump(), **fact_settings()))
     yield ctx
     ctx.pool.close()
     drop_outbox(stack, DB)
@@ -93,7 +94,7 @@ def test_the_outbox_table_refuses_a_command_row_written_with_raw_sql(agent: Serv
 def test_the_constraint_follows_the_declaration_at_every_start(stack: StackSettings, agent: ServiceContext) -> None:
     """Declaring a topic (re-applied at start) lets rows for it in; nothing else changes."""
     widened = ServiceSpec(name="it-allowlist-agent", database=DB, emits=POLICY.emits)
-    ctx = prepare(widened, ServiceSettings(**stack.model_dump()))
+    ctx = prepare(widened, ServiceSettings(**stack.model_dump(), **fact_settings()))
     try:
         # accepted now; rolled back so that nothing reaches the real commands topic
         with ctx.pool.connection() as conn, pytest.raises(_RolledBack), conn.transaction():
@@ -103,7 +104,7 @@ def test_the_constraint_follows_the_declaration_at_every_start(stack: StackSetti
         ctx.pool.close()
     prepare(
         ServiceSpec(name="it-allowlist-agent", database=DB, emits=REMEDIATION.emits),
-        ServiceSettings(**stack.model_dump()),
+        ServiceSettings(**stack.model_dump(), **fact_settings()),
     ).pool.close()
     with agent.pool.connection() as conn, pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
         _raw_row(conn, "commands")
@@ -135,5 +136,5 @@ def test_connect_itself_drops_a_row_for_an_undeclared_topic(stack: StackSettings
         incidents.close()
         prepare(
             ServiceSpec(name="it-allowlist-agent", database=DB, emits=REMEDIATION.emits),
-            ServiceSettings(**stack.model_dump()),
+            ServiceSettings(**stack.model_dump(), **fact_settings()),
         ).pool.close()  # the constraint back

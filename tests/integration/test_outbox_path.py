@@ -29,7 +29,8 @@ from flotilla.bootstrap import bootstrap_outbox, drop_outbox
 from flotilla.contracts import Contract, IncompatibleSchemaError, load_contracts, register
 from flotilla.envelope import CONTENT_TYPE, Envelope
 from flotilla.outbox import Outbox
-from flotilla.registry import registry_client
+from flotilla.records import ServiceLatencyIncreased
+from flotilla.registry import registrar_client, registry_client
 from flotilla.serde import AvroSerde, RecordValidationError
 from flotilla.settings import StackSettings
 
@@ -61,7 +62,7 @@ def incidents(stack: StackSettings, outbox_db: str) -> Iterator[Consumer]:
 def _open_incident(conn: psycopg.Connection[Any], outbox: Outbox, incident: str) -> tuple[bytes, Envelope]:
     value, env = latency_fact(incident)
     conn.execute("INSERT INTO incident_state (incident_id, status) VALUES (%s, 'detected')", (incident,))
-    payload = outbox.append(conn, topic="incidents", key=incident, value=value, envelope=env)
+    payload = outbox.append(conn, ServiceLatencyIncreased.from_value(value), env, key=incident)
     return payload, env
 
 
@@ -86,7 +87,7 @@ def test_registry_enforces_backward_compatibility_globally(stack: StackSettings)
     with urllib.request.urlopen(f"{stack.schema_registry_url}/config", timeout=5) as resp:
         assert json.loads(resp.read())["compatibilityLevel"] == "BACKWARD"
 
-    client = registry_client(stack.schema_registry_url)
+    client = registrar_client(stack)  # it registers and deletes: the registrar
     topic = f"it-compat-{uuid.uuid4().hex[:8]}"
     v1 = {
         "type": "record",
@@ -114,7 +115,7 @@ def test_record_reaches_its_topic_keyed_with_payload_and_cloudevents_headers(
     value, env = latency_fact(incident)
     with psycopg.connect(stack.pg_dsn(DB)) as conn:
         conn.execute("INSERT INTO incident_state (incident_id, status) VALUES (%s, 'detected')", (incident,))
-        payload = Outbox(serde).append(conn, topic="incidents", key=incident, value=value, envelope=env)
+        payload = Outbox(serde).append(conn, ServiceLatencyIncreased.from_value(value), env, key=incident)
 
     msg = wait_for(incidents, by_event_id(env.id))
     assert msg.topic() == "incidents"  # routed by aggregatetype
@@ -124,7 +125,7 @@ def test_record_reaches_its_topic_keyed_with_payload_and_cloudevents_headers(
     expected = {
         "ce_id": env.id,
         "ce_type": LATENCY,
-        "ce_source": "/flotilla/tests",
+        "ce_source": "/flotilla/health-agent",
         "ce_specversion": "1.0",
         "ce_time": env.time,
         "ce_correlationid": incident,
@@ -162,7 +163,7 @@ def test_state_change_and_record_commit_together_or_not_at_all(
     sentinel_env = Envelope(type=LATENCY, source="/flotilla/tests", correlationid=rolled_back)
     sentinel_value = {**latency_fact(rolled_back)[0], "eventId": sentinel_env.id}
     with psycopg.connect(stack.pg_dsn(DB)) as conn:
-        outbox.append(conn, topic="incidents", key=rolled_back, value=sentinel_value, envelope=sentinel_env)
+        outbox.append(conn, ServiceLatencyIncreased.from_value(sentinel_value), sentinel_env, key=rolled_back)
 
     # The kept record and the sentinel are on different partitions: either may come first.
     seen = [header(msg, "ce_id") for msg in read_until_all(incidents, {kept_env.id, sentinel_env.id})]
@@ -172,13 +173,14 @@ def test_state_change_and_record_commit_together_or_not_at_all(
 def test_invalid_record_is_refused_before_insert_naming_the_field(stack: StackSettings, serde: AvroSerde) -> None:
     incident = f"incident-{uuid.uuid4().hex[:8]}"
     value, env = latency_fact(incident)
-    bad = {k: v for k, v in value.items() if k != "observedAt"} | {"p95LatencyMs": "very slow"}
+    # A typed record cannot lack a field; a wrong type still gets through Python.
+    bad = ServiceLatencyIncreased.from_value(value | {"p95LatencyMs": "very slow", "windowSeconds": 1.5})
     with pytest.raises(RecordValidationError) as caught, psycopg.connect(stack.pg_dsn(DB)) as conn:
         conn.execute("INSERT INTO incident_state (incident_id, status) VALUES (%s, 'detected')", (incident,))
-        Outbox(serde).append(conn, topic="incidents", key=incident, value=bad, envelope=env)
+        Outbox(serde).append(conn, bad, env, key=incident)
     message = str(caught.value)
     assert "field 'p95LatencyMs': expected double, got str 'very slow'" in message
-    assert "field 'observedAt' is missing" in message
+    assert "field 'windowSeconds'" in message
     assert caught.value.subject == f"incidents-{LATENCY}"
     assert _row_counts(stack, incident) == (0, 0)
 
@@ -192,7 +194,7 @@ def test_rows_written_before_the_connector_exists_are_published(stack: StackSett
     with psycopg.connect(stack.pg_dsn(late_db)) as conn:
         migrate(conn)
         value, env = latency_fact(f"incident-{uuid.uuid4().hex[:8]}")
-        payload = Outbox(serde).append(conn, topic="incidents", key=env.correlationid, value=value, envelope=env)
+        payload = Outbox(serde).append(conn, ServiceLatencyIncreased.from_value(value), env, key=env.correlationid)
     consumer = Consumer(
         {
             "bootstrap.servers": stack.kafka_bootstrap,
@@ -276,8 +278,8 @@ def test_a_root_record_has_no_causation_header_and_a_caused_one_has_it(
     caused_value = {**latency_fact(incident)[0], "eventId": caused.id}
     outbox = Outbox(serde)
     with psycopg.connect(stack.pg_dsn(outbox_db)) as conn:
-        outbox.append(conn, topic="incidents", key=incident, value=root_value, envelope=root)
-        outbox.append(conn, topic="incidents", key=incident, value=caused_value, envelope=caused)
+        outbox.append(conn, ServiceLatencyIncreased.from_value(root_value), root, key=incident)
+        outbox.append(conn, ServiceLatencyIncreased.from_value(caused_value), caused, key=incident)
     with psycopg.connect(stack.pg_dsn(outbox_db)) as conn:
         stored = conn.execute("SELECT ce_causationid FROM outbox WHERE id = %s", (root.id,)).fetchone()
     assert stored == (None,), "the root row's column is NULL: the case the transform exists for"

@@ -19,6 +19,7 @@ from flotilla.connectors import (
 from flotilla.envelope import Envelope
 from flotilla.fleet import AUDIT, DIAGNOSTIC, DLQ_RECONCILER, EXECUTOR, FLEET, HEALTH, POLICY, REMEDIATION
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_MIGRATION, OUTBOX_TABLE
+from flotilla.provenance import SIGNATURE_HEADER
 
 ENV_REF = re.compile(r"\$\{env:[A-Z][A-Z0-9_]*\}")
 
@@ -98,7 +99,7 @@ def test_every_header_column_is_placed_as_a_header(config: dict[str, str]) -> No
 def test_placed_headers_are_exactly_the_envelopes_headers(config: dict[str, str]) -> None:
     placed = {hdr for _, _, hdr in _placements(config)}
     emitted = {name for name, _ in Envelope(type="t", source="s", correlationid="c", causationid="x").headers()}
-    assert placed == emitted
+    assert placed == emitted | {SIGNATURE_HEADER}  # the producer's signature travels beside them
 
 
 def test_placed_columns_exist_in_the_outbox_table(config: dict[str, str]) -> None:
@@ -172,15 +173,16 @@ def test_every_transform_key_belongs_to_a_transform_in_the_chain(config: dict[st
     assert all(f"transforms.{name}.type" in config for name in chain)
 
 
-def test_the_causation_column_is_the_only_nullable_placed_column() -> None:
-    # What DropNullHeaders exists for: which placed columns can be NULL.
+def test_the_causation_and_signature_columns_are_the_only_nullable_placed_columns() -> None:
+    # What DropNullHeaders exists for: which placed columns can be NULL (a root record has
+    # no cause; a tool's unsigned outbox has no signature).
     body = OUTBOX_MIGRATION.split("(", 1)[1]
     nullable = {
         m.group(1)
         for m in re.finditer(r"^\s+([a-z_]+)\s+[a-z]+(.*)$", body, flags=re.MULTILINE)
         if "NOT NULL" not in m.group(2) and "PRIMARY KEY" not in m.group(2)
     }
-    assert nullable & set(HEADER_COLUMNS) == {"ce_causationid"}
+    assert nullable & set(HEADER_COLUMNS) == {"ce_causationid", "ce_signature"}
 
 
 def test_transforms_config_keeps_the_chain_order_and_prefixes_the_keys() -> None:

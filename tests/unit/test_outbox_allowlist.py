@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from flotilla.envelope import Envelope
+from flotilla.escalations import escalation
 from flotilla.outbox import Outbox, UndeclaredTopicError
+from flotilla.records import IncidentEscalated
 
 
 class _Serde:
@@ -20,8 +22,9 @@ class _Serde:
 
 
 def _row(outbox: Outbox, topic: str) -> tuple[Any, ...]:
-    env = Envelope(type="dev.flotilla.commands.ScaleService", source="/flotilla/remediation-agent", correlationid="i-1")
-    return outbox.row(topic=topic, key="production/checkout-api", value={}, envelope=env)
+    env = Envelope(type=IncidentEscalated.TYPE, source="/flotilla/remediation-agent", correlationid="i-1")
+    record = escalation("i-1", "test", cause=env)
+    return outbox.row(record, env, key="production/checkout-api", topic=topic)
 
 
 def test_a_declared_topic_is_written_and_an_undeclared_one_refused_naming_both() -> None:

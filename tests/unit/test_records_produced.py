@@ -48,27 +48,30 @@ def produced(source: str, record_type: str, topic: str = TOPIC) -> float:
 
 
 class FakeOutbox:
-    """Records what would have been serialized and inserted; refuses values marked invalid."""
+    """Records what would have been serialized and inserted; refuses records marked invalid."""
 
     def __init__(self) -> None:
-        self.appended: list[tuple[str, str, dict[str, Any], Envelope]] = []
+        self.appended: list[tuple[str, str | None, dict[str, Any], Envelope]] = []
 
-    def _check(self, value: dict[str, Any]) -> None:
-        if value.get("invalid"):
+    def _check(self, record: Any) -> None:
+        if getattr(record, "invalid", False):
             raise ValueError("does not match the schema")
 
-    def append(self, conn: Any, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> bytes:
-        self._check(value)
-        self.appended.append((topic, key, value, envelope))
+    def append(
+        self, conn: Any, record: Any, envelope: Envelope, *, key: str | None = None, topic: str | None = None
+    ) -> bytes:
+        self._check(record)
+        self.appended.append((topic or record.TOPIC, key, record.to_value(), envelope))
         return b""
 
-    def row(self, *, topic: str, key: str, value: dict[str, Any], envelope: Envelope) -> OutboxRow:
-        self._check(value)
-        return (envelope.id, topic, key, envelope.type)
+    def row(self, record: Any, envelope: Envelope, *, key: str | None = None, topic: str | None = None) -> OutboxRow:
+        self._check(record)
+        return (envelope.id, topic or record.TOPIC, key, envelope.type)
 
 
 def service(name: str) -> tuple[ServiceContext, FakeOutbox]:
-    ctx = ServiceContext(ServiceSpec(name=name, database="none"), None, None, None)  # type: ignore[arg-type]
+    spec = ServiceSpec(name=name, database="none", publishes=False)  # its outbox is the fake below
+    ctx = ServiceContext(spec, None, None, None)  # type: ignore[arg-type]
     outbox = FakeOutbox()
     ctx.outbox = outbox  # type: ignore[assignment]
     return ctx, outbox

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from flotilla import ServiceSettings
 from flotilla.retention import Retention, dedupe_window
+from tests.keys import fact_settings
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -25,7 +27,7 @@ def test_a_service_consuming_nothing_needs_only_the_margin() -> None:
 
 
 def test_a_service_keeps_its_claims_when_the_brokers_cannot_say_how_long_they_keep_records(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from flotilla import runner
 
@@ -34,10 +36,10 @@ def test_a_service_keeps_its_claims_when_the_brokers_cannot_say_how_long_they_ke
 
     monkeypatch.setattr(runner, "topic_retention_ms", unreachable)
     spec = runner.ServiceSpec(name="x", database="x", topics=("incidents",), publishes=False)
-    ctx = runner.ServiceContext(spec, ServiceSettings(), None, None)  # type: ignore[arg-type]
+    ctx = runner.ServiceContext(spec, ServiceSettings(**fact_settings(tmp_path)), None, None)  # type: ignore[arg-type]
     assert runner.service_retention(ctx) == Retention(dedupe=None, outbox=None)
 
     monkeypatch.setattr(runner, "topic_retention_ms", lambda admin, topics: {"incidents": 7 * DAY_MS})
     spec = runner.ServiceSpec(name="x", database="x", topics=("incidents",))
-    ctx = runner.ServiceContext(spec, ServiceSettings(outbox_retention_hours=2), None, None)  # type: ignore[arg-type]
+    ctx = runner.ServiceContext(spec, ServiceSettings(outbox_retention_hours=2, **fact_settings(tmp_path)), None, None)  # type: ignore[arg-type]
     assert runner.service_retention(ctx) == Retention(dedupe=timedelta(days=8), outbox=timedelta(hours=2))

@@ -98,7 +98,7 @@ def test_latency_fact_shares_its_event_id_with_the_envelope() -> None:
     assert uuid.UUID(envelope.id)
     assert envelope.type == SERVICE_LATENCY_INCREASED
     assert envelope.correlationid == value["incidentId"] == "incident-204"
-    assert envelope.source == "/flotilla/tests"
+    assert envelope.source == "/flotilla/health-agent"  # its one producer (flotilla.provenance)
 
 
 def test_latency_fact_is_a_valid_record_with_the_given_parameters() -> None:

@@ -14,6 +14,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     ce_hops          text        NOT NULL,
     ce_traceparent   text        NOT NULL,
     content_type     text        NOT NULL,
-    created_at       timestamptz NOT NULL DEFAULT now()
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    ce_signature     text
 );
 CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS ce_signature text;

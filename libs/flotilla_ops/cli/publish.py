@@ -21,7 +21,10 @@ import typer
 from confluent_kafka import KafkaException
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from flotilla.authority import Signer
 from flotilla.envelope import DEFAULT_HOPS, Envelope
+from flotilla.keys import KeyMaterialError, load_private_key
+from flotilla.provenance import SIGNATURE_HEADER, sign_fact
 from flotilla.serde import AvroSerde, RecordValidationError, SchemaNotRegisteredError
 from flotilla_ops.cli.output import ExitCode, Output, unreachable
 from flotilla_ops.cli.records import (
@@ -130,6 +133,14 @@ def publish(
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for acknowledgements.")] = 30.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build and validate; publish nothing.")] = False,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--signing-key",
+            help="Sign each record (ce_signature) with this member's private key, as the member --source names; "
+            "the fleet refuses unsigned records (dead letter 'unauthorized').",
+        ),
+    ] = None,
 ) -> None:
     """Publish catalogue records to Kafka, validated against the registered schema.
 
@@ -220,8 +231,25 @@ def publish(
             ),
         )
         return
+    signer = None
+    if signing_key is not None:
+        try:
+            signer = Signer(load_private_key(signing_key))
+        except KeyMaterialError as exc:
+            out.fail(str(exc), ExitCode.USAGE)
     _produce(
-        out, rt.producer(), serde, contract.topic, target_topic, full_name, message_key, count, rate, timeout, fresh
+        out,
+        rt.producer(),
+        serde,
+        contract.topic,
+        target_topic,
+        full_name,
+        message_key,
+        count,
+        rate,
+        timeout,
+        fresh,
+        signer,
     )
 
 
@@ -237,6 +265,7 @@ def _produce(
     rate: float | None,
     timeout: float,
     fresh: Any,
+    signer: Signer | None = None,
 ) -> None:
     delivery = Delivery()
     ids: list[str] = []
@@ -250,13 +279,16 @@ def _produce(
                     time.sleep(wait)
             value, envelope = fresh(index == 0)
             data = serde.serialize(subject_topic, full_name, value)
+            headers = envelope.headers()
+            if signer is not None:
+                headers.append((SIGNATURE_HEADER, sign_fact(signer, envelope, data).encode()))
             while True:
                 try:
                     producer.produce(
                         topic,
                         key=key,
                         value=data,
-                        headers=envelope.headers(),
+                        headers=headers,
                         on_delivery=delivery.callback(envelope.id),
                     )
                     break

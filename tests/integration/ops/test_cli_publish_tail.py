@@ -1,7 +1,8 @@
 """The CLI producer and tail on the real stack: Kafka, the registry, the registered contracts.
 
-Records here name a service nothing watches (``cli-itest``) and incidents of their own,
-so a fleet running beside the tests ignores them.
+Records here name a service nothing watches (``cli-itest``) and incidents of their own.
+A fleet running beside the tests refuses them (unsigned: flotilla.provenance) and its DLQ
+reconciler reports each under its incident, so reads here keep the CLI's own records.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def read_incident(consumer: Consumer, incident: str, until: int, timeout: float 
         msg = consumer.poll(0.2)
         if msg is None or msg.error():
             continue
-        if Envelope.from_headers(msg.headers()).correlationid == incident:
+        envelope = Envelope.from_headers(msg.headers())
+        if envelope.correlationid == incident and envelope.source == "/flotilla/cli":
             found.append(msg)
     return found
 

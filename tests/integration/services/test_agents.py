@@ -44,6 +44,7 @@ from services.remediation_agent import build_agent as build_remediation
 from services.remediation_agent.plan import digest_matches
 from tests.fakes.fake_openai import MALFORMED, FakeOpenAI, diagnosis_answer, hallucinated
 from tests.integration.kafka_wait import fresh_topic
+from tests.keys import fact_settings, signed_headers
 from tests.signing import AGENT_KEY, AGENT_SIGNER, write_key
 from tests.support.producing import ordered_producer
 
@@ -134,6 +135,7 @@ def llm() -> Iterator[FakeOpenAI]:
 def diagnostic_settings(stack: StackSettings) -> DiagnosticSettings:
     return DiagnosticSettings(
         **stack.model_dump(),
+        **fact_settings(),
         service_database=DIAGNOSTIC_DB,
         http_port=0,
         baseline_seconds=0,
@@ -164,6 +166,7 @@ def remediation(
     key = write_key(AGENT_KEY, tmp_path_factory.mktemp("secrets") / "proposal-signing-key.pem")
     settings = RemediationSettings(
         **stack.model_dump(),
+        **fact_settings(),
         service_database=REMEDIATION_DB,
         http_port=0,
         proposal_signing_key_file=key,
@@ -209,7 +212,7 @@ def produce(stack: StackSettings, topic: str, serde: AvroSerde, records: list[tu
     producer = ordered_producer(stack.kafka_bootstrap)
     for value, envelope in records:
         payload = serde.serialize("incidents", envelope.type, value)
-        producer.produce(topic, key=envelope.correlationid, value=payload, headers=envelope.headers())
+        producer.produce(topic, key=envelope.correlationid, value=payload, headers=signed_headers(envelope, payload))
     assert producer.flush(15) == 0
 
 

@@ -46,6 +46,7 @@ from services.executor.leases import LeaseLost, LeaseUnavailable
 from services.executor.service import LOOP, MIGRATIONS, spec
 from services.executor.settings import ExecutorSettings
 from services.executor.targets import ActionResult, SimTarget, StaleFencingToken, TargetRejected, TargetUnavailable
+from tests.keys import fact_settings, signed_headers
 from tests.signing import POLICY_SIGNER, public, sign_command
 from tests.support.producing import ordered_producer
 
@@ -185,6 +186,7 @@ def settings(stack: StackSettings, database: str) -> ExecutorSettings:
         executor_target_attempts=3,
         executor_target_backoff_seconds=0.01,
         authorization_public_keys=[public(POLICY_SIGNER)],
+        **fact_settings(),
     )
 
 
@@ -275,7 +277,7 @@ def produce_fact(stack: StackSettings, serde: AvroSerde, topic: str, kind: str, 
 
 def _produce(stack: StackSettings, topic: str, key: str, payload: bytes, envelope: Envelope) -> None:
     producer = ordered_producer(stack.kafka_bootstrap)
-    producer.produce(topic, key=key, value=payload, headers=envelope.headers())
+    producer.produce(topic, key=key, value=payload, headers=signed_headers(envelope, payload))
     assert producer.flush(15) == 0
 
 

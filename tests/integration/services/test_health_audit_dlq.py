@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -36,6 +37,7 @@ from flotilla.bootstrap import drop_outbox
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.contracts import Contract, load_contracts, register
 from flotilla.envelope import Envelope
+from flotilla.fleet import HEALTH
 from flotilla.handling import BusinessRuleViolation, HandlerContext
 from flotilla.http import create_app
 from flotilla.keys import load_or_create, public_key_text
@@ -54,6 +56,7 @@ from services.health_agent import service as health_service
 from services.health_agent.incidents import clear
 from services.health_agent.scrape import settled
 from services.health_agent.settings import HealthSettings
+from tests.keys import fact_settings, signed_headers
 from tests.support.producing import ordered_producer
 
 from ..kafka_wait import tail_consumer, wait_for
@@ -113,7 +116,8 @@ def produce(stack: StackSettings, topic: str, records: list[tuple[str | None, by
 
 def record(serde: AvroSerde, topic: str, env: Envelope, **fields: Any) -> tuple[str, bytes, list[Any]]:
     value = sample_value(SCHEMAS[env.type], eventId=env.id, incidentId=env.correlationid, **fields)
-    return env.correlationid, serde.serialize(topic, env.type, value), env.headers()
+    payload = serde.serialize(topic, env.type, value)
+    return env.correlationid, payload, signed_headers(env, payload)
 
 
 def outbox(stack: StackSettings, database: str, record_type: str, incident: str) -> list[tuple[Any, ...]]:
@@ -210,7 +214,8 @@ def topics(stack: StackSettings, registry: SchemaRegistryClient) -> Iterator[Non
 
 
 def stack_fields(stack: StackSettings) -> dict[str, Any]:
-    return stack.model_dump()
+    """The stack's settings and the producers' keys (tests.keys): what a member needs."""
+    return {**stack.model_dump(), **fact_settings()}
 
 
 # ================================================================= health agent
@@ -235,7 +240,10 @@ def health(stack: StackSettings, topics: None, sim: FakeSim) -> Iterator[tuple[S
         health_verify_seconds=3.0,
         http_port=0,
     )
-    ctx = prepare(health_service.build_spec(settings), settings)
+    # A group of its own (never the running fleet's), stating records as the health agent:
+    # they must carry that producer's name to be believed (flotilla.provenance).
+    spec = dataclasses.replace(health_service.build_spec(settings), producer=HEALTH.name)
+    ctx = prepare(spec, settings)
     yield ctx, settings
     ctx.pool.close()
     drop_outbox(stack, HEALTH_DB)
@@ -279,16 +287,16 @@ def run_plan(
     drain_until(loop.poll_once, handled(stack, consumer, latency.id, diagnosis.id), what="the agent's own records")
     proposal = str(uuid.uuid4())
     command_ids = [str(uuid.uuid4()) for _ in range(steps)]
-    suspected = diagnosis.caused(DECISION + "DependencyFailureSuspected", "/it/diagnostic")
-    proposed = suspected.caused(DECISION + "RecoveryProposed", "/it/remediation")
-    approved = proposed.caused(FACT + "RecoveryApproved", "/it/policy")
+    suspected = diagnosis.caused(DECISION + "DependencyFailureSuspected", "/flotilla/diagnostic-agent")
+    proposed = suspected.caused(DECISION + "RecoveryProposed", "/flotilla/remediation-agent")
+    approved = proposed.caused(FACT + "RecoveryApproved", "/flotilla/policy-service")
     scale = SCHEMAS["dev.flotilla.commands.ScaleService"]
     plan = [sample_value(scale, commandId=c, incidentId=incident, proposalId=proposal) for c in command_ids]
     target = {"kind": "service", "environment": "production", "name": "checkout-api"}
     executions = []
     previous = approved
     for command_id in command_ids:
-        previous = previous.caused(RECOVERY_EXECUTED, "/it/executor")
+        previous = previous.caused(RECOVERY_EXECUTED, "/flotilla/executor")
         executions.append((previous, command_id))
     produce(
         stack,
@@ -647,7 +655,7 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
     incident = f"incident-audit-{RUN}"
     value, latency = latency_fact(incident)
     diagnosis = latency.caused(DIAGNOSIS_REQUESTED, "/it/health")
-    poison_env = diagnosis.caused(DECISION + "DependencyFailureSuspected", "/it/diagnostic")
+    poison_env = diagnosis.caused(DECISION + "DependencyFailureSuspected", "/flotilla/diagnostic-agent")
     dead_context = [
         (deadletter.ORIGIN_TOPIC, AUDITED.encode()),
         (deadletter.REASON, b"undecodable"),
@@ -782,7 +790,7 @@ def reconciler(stack: StackSettings, topics: None) -> Iterator[tuple[ServiceCont
     drop_outbox(stack, DLQ_DB)
 
 
-def test_dlq_reconciler_quarantines_poison_and_requeues_a_sanitized_copy_with_its_identity(
+def test_dlq_reconciler_quarantines_poison_and_requeues_it_unchanged_with_its_identity_and_signature(
     stack: StackSettings, serde: AvroSerde, reconciler: tuple[ServiceContext, DlqSettings]
 ) -> None:
     ctx, settings = reconciler
@@ -790,13 +798,15 @@ def test_dlq_reconciler_quarantines_poison_and_requeues_a_sanitized_copy_with_it
     bad_value, bad_env = latency_fact(incident, p95_ms=-5.0)  # valid Avro, breaks a business rule
     junk_env = Envelope(type=SERVICE_LATENCY_INCREASED, source="/it/foreign", correlationid=incident)
 
-    # A victim consumer (the runtime's loop) dead-letters both, with context headers.
+    # A victim consumer (the runtime's loop) dead-letters both, with context headers, until
+    # it is fixed (as a consumer's bug is, before its letters are re-queued).
     handled_ids: list[str] = []
+    fixed = False
 
     def on_latency(hctx: HandlerContext) -> None:
         if hctx.incoming.value["incidentId"] != incident:
             return
-        if hctx.incoming.value["p95LatencyMs"] < 0:
+        if hctx.incoming.value["p95LatencyMs"] < 0 and not fixed:
             raise BusinessRuleViolation("p95LatencyMs must not be negative")
         handled_ids.append(hctx.incoming.envelope.id)
 
@@ -808,11 +818,12 @@ def test_dlq_reconciler_quarantines_poison_and_requeues_a_sanitized_copy_with_it
         ctx.pool,
         {SERVICE_LATENCY_INCREASED: on_latency},
     )
+    bad_payload = serde.serialize(TOPIC, SERVICE_LATENCY_INCREASED, bad_value)
     produce(
         stack,
         TOPIC,
         [
-            (incident, serde.serialize(TOPIC, SERVICE_LATENCY_INCREASED, bad_value), bad_env.headers()),
+            (incident, bad_payload, signed_headers(bad_env, bad_payload)),  # its producer's, signed
             (incident, b"\x07not a framed value", junk_env.headers()),
         ],
     )
@@ -845,7 +856,7 @@ def test_dlq_reconciler_quarantines_poison_and_requeues_a_sanitized_copy_with_it
             "BusinessRuleViolation",
             victim_name,
         )
-        assert rule[5]["origin"] == TOPIC and rule[5]["producer"] == "/flotilla/tests"
+        assert rule[5]["origin"] == TOPIC and rule[5]["producer"] == "/flotilla/health-agent"
         assert (junk[1], junk[2], junk[3]) == (junk_env.id, "undecodable", "UndecodableRecordError")
         after = REGISTRY.get_sample_value(
             "flotilla_quarantined_total", {"error_class": "BusinessRuleViolation", "origin_topic": TOPIC}
@@ -905,12 +916,18 @@ def test_dlq_reconciler_quarantines_poison_and_requeues_a_sanitized_copy_with_it
     undecodable = client.post(f"/quarantine/{junk_id}/requeue", headers=auth)
     assert undecodable.status_code == 422 and "does not decode" in undecodable.json()["detail"]["error"]
 
-    # A sanitized copy goes back to the origin topic with the original identity and provenance.
+    # A sanitized copy is no longer what its producer signed (flotilla.provenance): refused.
+    sanitized = client.post(
+        f"/quarantine/{rule_id}/requeue", headers=auth, json={"value": {**fields, "p95LatencyMs": 1840.0}}
+    )
+    assert sanitized.status_code == 422, sanitized.text
+    assert sanitized.json()["detail"]["problems"] == ["signature: bad-signature"]
+
+    # Unchanged, it goes back to the origin topic with its identity, provenance and signature.
+    fixed = True
     origin = tail_consumer(stack.kafka_bootstrap, TOPIC)
     try:
-        done = client.post(
-            f"/quarantine/{rule_id}/requeue", headers=auth, json={"value": {**fields, "p95LatencyMs": 1840.0}}
-        )
+        done = client.post(f"/quarantine/{rule_id}/requeue", headers=auth)
         assert done.status_code == 200, done.text
         body = done.json()
         dead = query(
@@ -921,14 +938,15 @@ def test_dlq_reconciler_quarantines_poison_and_requeues_a_sanitized_copy_with_it
         copy: Message = wait_for(origin, lambda m: header(m.headers(), "ce_id") == bad_env.id.encode(), timeout=30)
         assert copy.key() == incident.encode()
         assert copy.partition() == body["requeuedTo"]["partition"]
-        for name, original in bad_env.headers():
+        for name, original in signed_headers(bad_env, bad_payload):
             assert header(copy.headers(), name) == original, name
+        assert copy.value() == bad_payload  # the very bytes its producer signed
         assert header(copy.headers(), "flotilla_requeued_from") == body["requeuedFrom"].encode()
         assert header(copy.headers(), "flotilla_requeued_by") == body["requeuedBy"].encode()
         assert all(not k.startswith("dlq_") for k, _ in copy.headers() or [])
         decoded = serde.deserialize(copy.value())
         assert decoded.record_name == SERVICE_LATENCY_INCREASED
-        assert decoded.value["p95LatencyMs"] == 1840.0 and str(decoded.value["eventId"]) == bad_env.id
+        assert decoded.value["p95LatencyMs"] == -5.0 and str(decoded.value["eventId"]) == bad_env.id
     finally:
         origin.close()
         facts.close()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 from psycopg.rows import dict_row
 
 from flotilla.authority import Grant, Signer, verify_command
@@ -54,8 +55,9 @@ from services.policy.handlers import make_handlers
 from services.policy.inventory import StaticInventory
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
-from services.policy.testing import AGENT, proposal, step
+from services.policy.testing import AGENT, diagnosis_of, proposal, step, verified_basis
 from tests.integration.kafka_wait import fresh_topic
+from tests.keys import fact_settings, signed_headers
 from tests.signing import AGENT_SIGNER, POLICY_SIGNER, attest
 from tests.support.producing import ordered_producer
 
@@ -94,7 +96,7 @@ def runtime() -> PolicyRuntime:
 
 @pytest.fixture(scope="module")
 def svc(stack: StackSettings, serde: AvroSerde, runtime: PolicyRuntime) -> Iterator[ServiceContext]:
-    settings = ServiceSettings(**stack.model_dump())
+    settings = ServiceSettings(**stack.model_dump(), **fact_settings())
     spec = replace(build_spec(runtime=runtime), database=DB, publishes=False)
     ctx = prepare(spec, settings)
     try:
@@ -139,6 +141,7 @@ def new_incident(svc: ServiceContext) -> str:
     incident = f"incident-{uuid.uuid4().hex[:8]}"
     with svc.pool.connection() as conn, conn.transaction():
         WorkflowStore.save(conn, IncidentState(incident_id=incident, status=Status.DIAGNOSED, version=3, steps=3))
+        verified_basis(conn, incident)  # what its loop keeps on seeing the signed facts
     return incident
 
 
@@ -161,7 +164,7 @@ def produce(
         env = envelope_for(value)
         signed = attest(value) if attested and value.get("attestation") is None else value
         payload = serde.serialize("incidents", RecoveryProposed.TYPE, {"eventId": env.id, **signed})
-        producer.produce(topic, key=value["incidentId"], value=payload, headers=env.headers())
+        producer.produce(topic, key=value["incidentId"], value=payload, headers=signed_headers(env, payload))
         envelopes.append(env)
     assert producer.flush(15) == 0
     return envelopes
@@ -803,6 +806,66 @@ def test_a_forged_proposal_never_replaces_one_waiting_for_a_person(
             "SELECT proposal_id::text FROM policy_current_proposals WHERE incident_id = %s", (incident,)
         ).fetchall()
     assert current == [(waiting["proposalId"],)]
+
+
+def test_an_attested_proposal_resting_on_no_verified_diagnosis_is_refused_before_any_decision(
+    stack: StackSettings, serde: AvroSerde, svc: ServiceContext, runtime: PolicyRuntime, loop: ConsumerLoop, topic: str
+) -> None:
+    """The agent's own signature is not enough: the diagnosis a plan names must be one the
+    diagnostic agent stated to this service, for the same incident, and the incident must
+    have been opened by the health agent (services/policy/basis.py). An agent planning from
+    a forged or foreign diagnosis (its key stolen, or fooled) gets no decision."""
+    incident, other = new_incident(svc), new_incident(svc)
+    unknown = scale_proposal(incident, replicas=8)
+    unknown["diagnosisEventId"] = str(uuid.uuid4())  # a diagnosis nobody verified
+    foreign = scale_proposal(incident, replicas=8)
+    foreign["diagnosisEventId"] = diagnosis_of(other)  # verified, but another incident's
+    unopened = f"incident-{uuid.uuid4().hex[:8]}"
+    set_incident_status(svc, unopened, Status.DIAGNOSED)
+    with svc.pool.connection() as conn, conn.transaction():  # a diagnosis, but no opening
+        conn.execute(
+            "INSERT INTO policy_verified_facts (event_id, incident_id, record_type, producer, digest) "
+            "VALUES (%s, %s, 'dev.flotilla.decisions.DiagnosisConcluded', 'diagnostic-agent', 'sha256:x')",
+            (diagnosis_of(unopened), unopened),
+        )
+    baseless = scale_proposal(unopened, replicas=8)
+    before = REGISTRY.get_sample_value("flotilla_policy_unsupported_proposals_total") or 0.0
+    sent = produce(stack, serde, topic, [unknown, foreign, baseless])
+    drain(loop, 3)
+    assert dead_letter_reasons(stack, topic, {e.id for e in sent}) == {e.id: "unauthorized" for e in sent}
+    for value in (unknown, foreign, baseless):
+        with svc.pool.connection() as conn:  # never decided, never stored
+            stored = conn.execute("SELECT 1 FROM policy_proposals WHERE proposal_id = %s", (value["proposalId"],))
+            assert stored.fetchone() is None, value["proposalId"]
+        rows = outbox(svc, value["incidentId"])
+        assert of_type(rows, SCALE) == [] and of_type(rows, RecoveryApproved.TYPE) == []
+        # the incident has no plan now: a person takes it, told why
+        escalated = of_type(rows, IncidentEscalated.TYPE)
+        assert escalated and all("was refused" in e.value["reason"] for e in escalated), escalated
+    # at least once each: a batch with a refusal is run again record by record
+    assert REGISTRY.get_sample_value("flotilla_policy_unsupported_proposals_total") >= before + 3
+
+
+def test_a_pending_proposal_edited_in_the_database_is_refused_at_approval_and_nothing_is_signed(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    """Security review 2 (Medium): whoever holds the policy's database role edits a pending
+    proposal's stored steps (4 -> 40 replicas); the approver approves the digest they were
+    shown. The stored steps no longer hash to it: 409, and no command is signed."""
+    value = pending_proposal(svc, runtime, replicas=12)
+    with svc.pool.connection() as conn, conn.transaction():
+        conn.execute(
+            "UPDATE policy_proposals SET steps = jsonb_set(steps, '{0,replicas}', '40') WHERE proposal_id = %s",
+            (value["proposalId"],),
+        )
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+    )
+    assert answer.status_code == 409, answer.text
+    assert "edited after it was proposed" in answer.text
+    assert status_of(svc, value["proposalId"])[0] == "pending"
+    rows = outbox(svc, value["incidentId"])
+    assert of_type(rows, SCALE) == [] and of_type(rows, RecoveryApproved.TYPE) == []
 
 
 def test_a_step_whose_idempotency_key_is_not_its_own_is_refused(svc: ServiceContext, runtime: PolicyRuntime) -> None:

@@ -251,3 +251,41 @@ def test_unreachable_registry_exits_3(cli: CliRunner, producer: FakeProducer) ->
     assert code == 3
     assert "registry unreachable" in err
     assert producer.produced == []
+
+
+def test_a_signing_key_signs_each_record_as_the_member_its_source_names(
+    cli: CliRunner, kafka_runtime: Runtime, producer: FakeProducer, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from flotilla.envelope import Envelope
+    from flotilla.keys import Keyring, load_or_create
+    from flotilla.provenance import SIGNATURE_HEADER, Provenance
+
+    key, _ = load_or_create(tmp_path / "health-agent.pem")
+    args = ["-t", "ServiceLatencyIncreased", "-i", "incident-s", "--source", "/flotilla/health-agent", *FLAGS]
+    code, _, err = publish(
+        cli, kafka_runtime, *args, "--count", "2", "--signing-key", str(tmp_path / "health-agent.pem")
+    )
+    assert code == 0, err
+    trusted = Provenance({"health-agent": Keyring([key.public_key()])})
+    for sent in producer.produced:
+        envelope = Envelope.from_headers(sent.headers)
+        assert trusted.verify(envelope, sent.value, sent.headers[SIGNATURE_HEADER]).producer == "health-agent"
+    other = Provenance({"health-agent": Keyring([Ed25519PrivateKey.generate().public_key()])})
+    with pytest.raises(Exception, match="not trusted"):
+        other.verify(
+            Envelope.from_headers(producer.produced[0].headers),
+            producer.produced[0].value,
+            producer.produced[0].headers[SIGNATURE_HEADER],
+        )
+
+
+def test_an_unreadable_signing_key_is_a_usage_error_and_nothing_is_published(
+    cli: CliRunner, kafka_runtime: Runtime, producer: FakeProducer, tmp_path: Path
+) -> None:
+    code, _, err = publish(
+        cli, kafka_runtime, "-t", "ServiceLatencyIncreased", "-i", "i", *FLAGS, "--signing-key", str(tmp_path / "none")
+    )
+    assert code == 2 and "cannot read the signing key" in err
+    assert producer.produced == []

@@ -4,11 +4,12 @@ re-queue validation (schema, identity, envelope), plus operator authentication."
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from confluent_kafka.schema_registry import Schema
@@ -41,10 +42,11 @@ from services.dlq_reconciler.quarantine import (
     with_identity,
 )
 from services.policy.testing import proposal, step
+from tests.keys import producer_keys
 
 
 class FakeRegistry:
-    """The two calls AvroSerde makes, over the repository's contracts (ids by order)."""
+    """The calls AvroSerde makes, over the repository's contracts (ids by order)."""
 
     def __init__(self) -> None:
         self._by_subject: dict[str, tuple[int, str]] = {}
@@ -58,6 +60,15 @@ class FakeRegistry:
             raise SchemaRegistryError(404, 40401, f"subject {subject} not found")
         schema_id, text = self._by_subject[subject]
         return SimpleNamespace(schema_id=schema_id, schema=Schema(text, "AVRO"))
+
+    def lookup_schema(self, subject: str, schema: Schema, **_: Any) -> Any:
+        """Look up by content (what writers ask): the contract's exact text under its subject."""
+        if subject not in self._by_subject:
+            raise SchemaRegistryError(404, 40401, f"subject {subject} not found")
+        schema_id, text = self._by_subject[subject]
+        if text != schema.schema_str:
+            raise SchemaRegistryError(404, 40403, "schema not found")
+        return SimpleNamespace(schema_id=schema_id, schema=schema)
 
     def get_schema(self, schema_id: int) -> Schema:
         if schema_id not in self._by_id:
@@ -125,7 +136,7 @@ def test_tags_route_alerts_by_reason_class_consumer_origin_and_producer(serde: A
         "errorClass": "BusinessRuleViolation",
         "consumer": "policy-service",
         "origin": "incidents",
-        "producer": "/flotilla/tests",
+        "producer": "/flotilla/health-agent",
         "recordType": SERVICE_LATENCY_INCREASED,
     }
 
@@ -403,6 +414,7 @@ def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, profile: str | None
         monkeypatch.setenv("FLOTILLA_PROFILE", profile)
     if tokens is not None:
         monkeypatch.setenv("FLOTILLA_OPERATOR_TOKENS", tokens)
+    monkeypatch.setenv("FLOTILLA_PRODUCER_KEYS", json.dumps(producer_keys()))
     return DlqSettings.load()
 
 
@@ -508,3 +520,61 @@ def test_a_sanitized_proposal_keeps_its_attestation_through_the_json_form(serde:
 
 
 RECOVERY_PROPOSED_TYPE = "dev.flotilla.decisions.RecoveryProposed"
+
+
+class _FakeProducer:
+    """The calls _RequeueProducer makes of confluent_kafka.Producer; delivers at once."""
+
+    made: ClassVar[list[_FakeProducer]] = []
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.produced: list[dict[str, Any]] = []
+        self._pending: list[Any] = []
+        _FakeProducer.made.append(self)
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        self.produced.append({"topic": topic, **kwargs})
+        partition = kwargs.get("partition", -1)
+        placed = 2 if partition == -1 else partition  # "the partitioner" of this fake: 2
+        msg = SimpleNamespace(partition=lambda: placed, offset=lambda: 9)
+        self._pending.append(lambda: kwargs["on_delivery"](None, msg))
+
+    def flush(self, timeout: float = 0) -> int:
+        while self._pending:
+            self._pending.pop(0)()
+        return 0
+
+
+def test_a_requeue_goes_where_the_key_says_never_where_a_header_says(
+    serde: AvroSerde, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever writes to a DLQ writes its dlq_origin_partition too: the copy is placed by
+    its key (murmur2, as Debezium places the originals), whatever partition a letter claims."""
+    import inspect
+
+    from flotilla.settings import StackSettings
+    from services.dlq_reconciler import api
+
+    monkeypatch.setattr(api, "Producer", _FakeProducer)
+    _FakeProducer.made.clear()
+    letter, _ = poison(serde)
+    forged = DeadLetter(
+        dlq_topic=letter.dlq_topic,
+        dlq_partition=letter.dlq_partition,
+        dlq_offset=letter.dlq_offset,
+        key=letter.key,
+        value=letter.value,
+        headers=[*letter.original_headers, *context_headers(**{deadletter.ORIGIN_PARTITION: "5"})],
+    )
+    assert forged.origin_partition == 5  # what the header claims: reported, not obeyed
+    assert "partition" not in inspect.signature(api._RequeueProducer.send).parameters
+    producer = api._RequeueProducer(StackSettings().kafka_client(), 5.0)
+    headers = requeue_headers(forged.original_headers, requeued_from="incidents.dlq/1/77", requeued_by="oscar")
+    delivery = producer.send(forged.origin_topic, forged.key, forged.value or b"", headers)
+    assert delivery.error is None and (delivery.partition, delivery.offset) == (2, 9)
+    [made] = _FakeProducer.made
+    assert made.config["partitioner"] == "murmur2_random"  # the key's partition, as Debezium's
+    [produced] = made.produced
+    assert produced["topic"] == "incidents" and produced["key"] == forged.key
+    assert produced.get("partition", -1) == -1  # -1 (or none): the partitioner decides
