@@ -49,7 +49,9 @@ RUN groupadd --system --gid ${FLOTILLA_UID} flotilla \
         --shell /usr/sbin/nologin flotilla \
     && install -d -o ${FLOTILLA_UID} -g ${FLOTILLA_UID} -m 0700 /var/lib/flotilla /var/lib/flotilla/audit \
         /var/lib/flotilla/keys /var/lib/flotilla/keys/authorization /var/lib/flotilla/keys/proposal \
-        /var/lib/flotilla/keys/public
+        /var/lib/flotilla/keys/public /var/lib/flotilla/sim-token \
+        /var/lib/flotilla/keys/health-agent /var/lib/flotilla/keys/diagnostic-agent \
+        /var/lib/flotilla/keys/executor /var/lib/flotilla/keys/dlq-reconciler
 
 COPY --from=builder /opt/flotilla /opt/flotilla
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -76,6 +77,17 @@ def person_label(user: str, roles: Sequence[str]) -> str:
     return f"{user} ({', '.join(roles) or 'no roles'})"
 
 
+def _segment(value: str) -> str:
+    """``value`` as one path segment: every reserved character percent-encoded (``/``,
+    ``?``, ``#``, ``%`` included), and the dot segments ``.`` and ``..`` too (a client
+    would resolve them away), so an id a person typed or a record carried can never
+    reach another path of the service."""
+    if not value:
+        raise ValueError("an empty path segment names nothing")
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
+
+
 def _bearer(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -131,7 +143,9 @@ class FleetApi:
         return found
 
     def approval(self, token: str, proposal_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = self._call("GET", self.endpoints.policy_url, f"/approvals/{proposal_id}", token=token)
+        found: dict[str, Any] = self._call(
+            "GET", self.endpoints.policy_url, f"/approvals/{_segment(proposal_id)}", token=token
+        )
         return found
 
     def decide(
@@ -143,7 +157,7 @@ class FleetApi:
         if reason:
             body["reason"] = reason
         decided: dict[str, Any] = self._call(
-            "POST", self.endpoints.policy_url, f"/approvals/{proposal_id}/{verb}", token=token, json=body
+            "POST", self.endpoints.policy_url, f"/approvals/{_segment(proposal_id)}/{verb}", token=token, json=body
         )
         return decided
 
@@ -160,7 +174,7 @@ class FleetApi:
         page's ``after``, None on the last."""
         params = {name: value for name, value in (("limit", limit), ("after", after)) if value is not None}
         found: dict[str, Any] = self._call(
-            "GET", self.endpoints.audit_url, f"/incidents/{incident_id}/timeline", params=params
+            "GET", self.endpoints.audit_url, f"/incidents/{_segment(incident_id)}/timeline", params=params
         )
         return found
 
@@ -176,7 +190,7 @@ class FleetApi:
         return found
 
     def quarantined(self, entry_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = self._call("GET", self.endpoints.dlq_url, f"/quarantine/{entry_id}")
+        found: dict[str, Any] = self._call("GET", self.endpoints.dlq_url, f"/quarantine/{_segment(entry_id)}")
         return found
 
     def requeue(self, token: str, entry_id: str, value: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -184,7 +198,7 @@ class FleetApi:
         done: dict[str, Any] = self._call(
             "POST",
             self.endpoints.dlq_url,
-            f"/quarantine/{entry_id}/requeue",
+            f"/quarantine/{_segment(entry_id)}/requeue",
             token=token,
             json={"value": value} if value is not None else {},
         )
@@ -192,7 +206,9 @@ class FleetApi:
 
     # executor ---------------------------------------------------------------------
     def execution(self, idempotency_key: str) -> dict[str, Any]:
-        found: dict[str, Any] = self._call("GET", self.endpoints.executor_url, f"/executions/{idempotency_key}")
+        found: dict[str, Any] = self._call(
+            "GET", self.endpoints.executor_url, f"/executions/{_segment(idempotency_key)}"
+        )
         return found
 
     def leases(self) -> list[dict[str, Any]]:

@@ -88,6 +88,9 @@ class DeadLetter:
 
     @property
     def origin_partition(self) -> int | None:
+        """What the ``dlq_origin_partition`` header says: shown and reported, never where a
+        re-queue goes (the key decides that, as for the original: ``api._RequeueProducer``),
+        since anyone who can write to a DLQ writes this header too."""
         return _int(self._context(deadletter.ORIGIN_PARTITION))
 
     @property

@@ -51,8 +51,11 @@ class ExecutorSettings(ServiceSettings):
     authorization_public_keys: list[str] = Field(default_factory=list)
 
     sim_url: str = "http://127.0.0.1:18110"
-    # The bearer token the sim's action API requires (the sim's setting of the same name).
+    # The bearer token the sim's action API requires (the sim's setting of the same name),
+    # or a file holding it (docker compose: keys-init generates one into a volume only the
+    # sim and the executor mount). One or the other, not both.
     sim_action_token: SecretStr | None = None
+    sim_action_token_file: Path | None = None
     kubernetes_api_url: str = "https://kubernetes.default.svc"
     # environment -> namespace (JSON), e.g. {"production": "apps"}: the Kubernetes target
     # acts on <environment>/<name> only as Deployment <name> in that namespace.
@@ -75,7 +78,24 @@ class ExecutorSettings(ServiceSettings):
             EnvironmentNamespaces(self.kubernetes_namespaces)
         if self.sim_action_token is not None and not self.sim_action_token.get_secret_value().strip():
             raise ValueError("FLOTILLA_SIM_ACTION_TOKEN is empty")
+        if self.sim_action_token is not None and self.sim_action_token_file is not None:
+            raise ValueError("set FLOTILLA_SIM_ACTION_TOKEN or FLOTILLA_SIM_ACTION_TOKEN_FILE, not both")
         return self
+
+    def sim_token(self) -> str | None:
+        """The sim's action token: FLOTILLA_SIM_ACTION_TOKEN, else the content of
+        FLOTILLA_SIM_ACTION_TOKEN_FILE (read now; ValueError when unreadable or empty), else None."""
+        if self.sim_action_token is not None:
+            return self.sim_action_token.get_secret_value()
+        if self.sim_action_token_file is None:
+            return None
+        try:
+            token = self.sim_action_token_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"FLOTILLA_SIM_ACTION_TOKEN_FILE {self.sim_action_token_file}: {exc.strerror}") from None
+        if not token:
+            raise ValueError(f"FLOTILLA_SIM_ACTION_TOKEN_FILE {self.sim_action_token_file} is empty")
+        return token
 
     def authorization_keyring(self) -> Keyring:
         return required_keyring(
@@ -104,11 +124,11 @@ class ExecutorSettings(ServiceSettings):
                 verify=str(ca) if ca.exists() else True,
                 timeout=self.executor_target_timeout_seconds,
             )
-        if self.sim_action_token is None:
+        token = self.sim_token()
+        if token is None:
             raise ValueError(
                 "FLOTILLA_SIM_ACTION_TOKEN is not set: the sim's action API admits only the executor, by that "
-                "token (the sim's setting of the same name; the local fleet generates one)"
+                "token (the sim's setting of the same name, or FLOTILLA_SIM_ACTION_TOKEN_FILE; the local fleet "
+                "and docker compose generate one)"
             )
-        return SimTarget(
-            self.sim_url, self.sim_action_token.get_secret_value(), timeout=self.executor_target_timeout_seconds
-        )
+        return SimTarget(self.sim_url, token, timeout=self.executor_target_timeout_seconds)

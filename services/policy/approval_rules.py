@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import enum
 import hmac
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from flotilla import Status as IncidentStatus
+from flotilla.digest import command_digest
 from services.policy.auth import Person
 from services.policy.decide import PersonCheck, PolicyEngine, Target
 
@@ -110,6 +113,24 @@ def check_digest(proposal: ProposalView, digest: str) -> None:
     """409 unless the caller names the exact steps that are pending."""
     if not hmac.compare_digest(digest.encode(), proposal.digest.encode()):
         raise Refusal(409, f"digest mismatch: proposal {proposal.proposal_id} has digest {proposal.digest}")
+
+
+def check_stored_steps(proposal: ProposalView, steps: Sequence[Mapping[str, Any]]) -> None:
+    """409 unless the stored ``steps`` still hash to the proposal's digest: the digest the
+    remediation agent's attestation covered when the proposal was received, and the one the
+    approver named. The commands an approval signs are rebuilt from these steps, and
+    whoever holds the policy database's role could have edited them since (the console
+    warns of that; the API must refuse): then nothing is signed."""
+    try:
+        stored = command_digest(steps)
+    except (TypeError, ValueError) as exc:  # not even digestible: edited by hand
+        stored = f"(none: {exc})"
+    if not hmac.compare_digest(stored.encode(), proposal.digest.encode()):
+        raise Refusal(
+            409,
+            f"proposal {proposal.proposal_id}: the stored proposal was edited after it was proposed (its steps "
+            f"hash to {stored}, not to the proposed digest {proposal.digest}); nothing was signed",
+        )
 
 
 def check_open(proposal: ProposalView, now: datetime) -> None:

@@ -7,8 +7,9 @@ HumanApprovalRequired the proposal is waiting under.
 An approval re-checks everything on locked rows just before it authorizes: the incident
 workflow row (so no newer proposal is being recorded meanwhile), the current-proposal
 rows of every resource the plan touches (it must still be the current one), the
-proposal row (still pending, same digest, deadline not passed), and the policies
-themselves (the plan, approved by a person, must still be allowed).
+proposal row (still pending, same digest, deadline not passed, its stored steps still
+hashing to that digest), and the policies themselves (the plan, approved by a person,
+must still be allowed).
 
 Before that it asks the platform whether the plan's targets still exist. A proposal whose
 target has left the estate could only become a command the executor refuses, so it is
@@ -40,6 +41,7 @@ from services.policy.approval_rules import (
     check_open,
     check_person,
     check_request,
+    check_stored_steps,
 )
 from services.policy.auth import Person
 from services.policy.commands import epoch_ms
@@ -132,6 +134,7 @@ def _decide(
             raise Refusal(409, f"proposal {proposal_id} is no longer the current proposal for {detail}")
 
         if action is Action.APPROVE:
+            check_stored_steps(locked.view(), locked.steps)  # what would be signed is what was proposed
             recheck = runtime.engine.decide(locked.proposal_facts(), epoch_ms(now), human_approved=True)
             if recheck.outcome is not Outcome.AUTO:
                 raise Refusal(
@@ -183,8 +186,7 @@ def _approve(
         cause=proposal.request_envelope(),
     )
     issued = records.issue_commands(
-        svc.outbox,
-        conn,
+        lambda command, envelope, key: svc.outbox.append(conn, command, envelope, key=key),
         cause=approved,
         source=svc.source,
         commands=proposal.command_records(),

@@ -138,17 +138,23 @@ def _scrape(
 
 MISSING_TOKEN = (
     "sim: FLOTILLA_SIM_ACTION_TOKEN is not set; the sim does not serve actions without the token the executor "
-    "presents (the executor's setting of the same name). The local fleet generates one "
-    "(.stack/secrets/sim-action-token); docker compose and Kubernetes take it from .env or a Secret."
+    "presents (the executor's setting of the same name; or FLOTILLA_SIM_ACTION_TOKEN_FILE, a file holding it). "
+    "The local fleet generates one (.stack/secrets/sim-action-token), so does docker compose (keys-init); "
+    "Kubernetes takes it from a Secret."
 )
 
 
 def build_app(settings: SimSettings) -> FastAPI:
-    """The sim ``python -m services.sim`` serves. Without ``FLOTILLA_SIM_ACTION_TOKEN`` it
+    """The sim ``python -m services.sim`` serves. Without an action token
+    (``FLOTILLA_SIM_ACTION_TOKEN``, or a readable ``FLOTILLA_SIM_ACTION_TOKEN_FILE``) it
     refuses to start (exit status 1): a sim the executor cannot act on is a
     misconfiguration, better reported when it is deployed than as a failed command during
     the first incident."""
-    if settings.sim_action_token is None:
+    try:
+        action_token = settings.action_token()
+    except ValueError as exc:
+        sys.exit(f"sim: no usable action token: {exc}")
+    if action_token is None:
         sys.exit(MISSING_TOKEN)
     model = (
         SimModel.generated(settings.sim_services, production_share=settings.sim_production_share)
@@ -157,7 +163,7 @@ def build_app(settings: SimSettings) -> FastAPI:
     )
     return create_sim_app(
         model,
-        action_token=settings.sim_action_token.get_secret_value(),
+        action_token=action_token,
         action_seconds=settings.sim_action_seconds,
         ledger=Ledger(settings.sim_ledger_file) if settings.sim_ledger_file else None,
     )

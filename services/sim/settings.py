@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla import ServiceSettings
@@ -30,6 +30,9 @@ class SimSettings(ServiceSettings):
     # The bearer token the action API requires (the executor's setting of the same name).
     # No default: the sim does not start without one (services/sim/__main__.py).
     sim_action_token: SecretStr | None = None
+    # Or a file holding it (docker compose: keys-init generates one into a volume only the
+    # sim and the executor mount). One or the other, not both.
+    sim_action_token_file: Path | None = None
 
     @field_validator("sim_services")
     @classmethod
@@ -44,3 +47,24 @@ class SimSettings(ServiceSettings):
         if value is not None:
             check_action_token(value.get_secret_value())
         return value
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> SimSettings:
+        if self.sim_action_token is not None and self.sim_action_token_file is not None:
+            raise ValueError("set FLOTILLA_SIM_ACTION_TOKEN or FLOTILLA_SIM_ACTION_TOKEN_FILE, not both")
+        return self
+
+    def action_token(self) -> str | None:
+        """The action token: FLOTILLA_SIM_ACTION_TOKEN, else the content of
+        FLOTILLA_SIM_ACTION_TOKEN_FILE (read now and checked like the variable; ValueError
+        saying what is wrong), else None."""
+        if self.sim_action_token is not None:
+            return self.sim_action_token.get_secret_value()
+        if self.sim_action_token_file is None:
+            return None
+        try:
+            return check_action_token(self.sim_action_token_file.read_text().strip())
+        except OSError as exc:
+            raise ValueError(f"FLOTILLA_SIM_ACTION_TOKEN_FILE {self.sim_action_token_file}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ValueError(f"FLOTILLA_SIM_ACTION_TOKEN_FILE {self.sim_action_token_file}: {exc}") from None

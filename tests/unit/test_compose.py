@@ -25,8 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
+from flotilla import fleet
 from flotilla.connectors import connector_name, outbox_connector_config
+from flotilla.envelope import Envelope
 from flotilla.outbox import OUTBOX_MIGRATION
+from flotilla.provenance import PRODUCERS, sign_fact
 from tests.support import containers
 from tests.support.scripts import load_script
 
@@ -37,13 +40,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 CONNECTOR_FILE = REPO_ROOT / "infra" / "connectors" / "outbox-flotilla.json"
 INIT_SQL = REPO_ROOT / "infra" / "compose" / "postgres-init" / "01-outbox.sql"
+REGISTRY_SQL = REPO_ROOT / "infra" / "compose" / "postgres-init" / "00-registry.sql"
 RENDER = REPO_ROOT / "infra" / "connectors" / "render.py"
 TRANSFORMS_DIR = REPO_ROOT / "infra" / "connect-transforms"
 
 # compose service -> key of stackctl.PORTS
 PORT_KEYS = {"postgres": "postgres", "kafka": "kafka", "schema-registry": "registry", "connect": "connect"}
 INFRA = tuple(PORT_KEYS)
-INIT_JOBS = ("kafka-init", "registry-init", "connect-init")
+INIT_JOBS = ("registry-auth-init", "kafka-init", "registry-init", "connect-init")
 FINAL_CONDITIONS = {"service_healthy", "service_completed_successfully"}
 
 
@@ -102,7 +106,8 @@ def test_compose_has_the_stack_and_its_init_jobs(services: dict[str, dict[str, A
     # The fleet, its init job, the demo incident and observability are checked in
     # test_compose_fleet.py; the infrastructure stays exactly what the local stack runs.
     assert set(INFRA) | set(INIT_JOBS) <= set(services)
-    assert tuple(INFRA) == containers.INFRA_SERVICES and tuple(INIT_JOBS) == containers.INIT_SERVICES
+    assert tuple(INFRA) == containers.INFRA_SERVICES
+    assert tuple(INIT_JOBS) == containers.SETUP_SERVICES + containers.INIT_SERVICES
 
 
 def test_every_image_is_pinned(services: dict[str, dict[str, Any]]) -> None:
@@ -178,8 +183,6 @@ def test_kafka_advertises_the_published_port_and_an_internal_listener(
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # as the local stack: topics come from kafka-init
     assert services["connect"]["environment"]["BOOTSTRAP_SERVERS"] == advertised["INTERNAL"]
-    registry_store = services["schema-registry"]["environment"]["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"]
-    assert registry_store.endswith(advertised["INTERNAL"])
 
 
 def _topic_args(line: str) -> argparse.Namespace:
@@ -212,16 +215,99 @@ def test_kafka_init_creates_the_local_stacks_topics(services: dict[str, dict[str
 # -------------------------------------------------------------------- registry
 
 
-def test_registry_init_sets_the_local_stacks_compatibility(
-    services: dict[str, dict[str, Any]], stackctl: ModuleType
+REGISTRY_API = "/apis/ccompat/v7"  # Apicurio's Confluent-compatible API, as in the local stack
+
+
+def _registry_auth_init(services: dict[str, dict[str, Any]]) -> argparse.Namespace:
+    """What registry-auth-init runs: `python -m flotilla.registrar users ...`."""
+    argv = shlex.split(_script(services["registry-auth-init"]))
+    assert argv[:4] == ["python", "-m", "flotilla.registrar", "users"], argv
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    for option in ("--credentials", "--credentials-owner", "--users", "--users-mode"):
+        parser.add_argument(option, required=True)
+    return parser.parse_args(argv[4:])
+
+
+def test_the_registry_is_the_local_stacks_apicurio_requiring_credentials_to_write(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], stackctl: ModuleType
 ) -> None:
-    argv = shlex.split(_script(services["registry-init"]))
+    from flotilla.registry import SERVER_ENV
+
+    registry = services["schema-registry"]
+    repo, _, version = registry["image"].rpartition(":")
+    assert (repo, version) == ("apicurio/apicurio-registry", pom_property(LOCAL_STACK_POM, "apicurio.version"))
+    env = registry["environment"]
+    # The same switches as the local stack's registry (stackctl.REGISTRY_AUTH_ENV) and Kubernetes'.
+    assert {k: env[k] for k in SERVER_ENV} == SERVER_ENV == stackctl.REGISTRY_AUTH_ENV
+    for deletion in ("ARTIFACT", "ARTIFACT_VERSION", "GROUP"):  # tests delete their throwaway subjects
+        assert env[f"APICURIO_REST_DELETION_{deletion}_ENABLED"] == "true"
+    # Its users file is the one registry-auth-init writes, on a volume only the two mount.
+    init = _registry_auth_init(services)
+    assert env["QUARKUS_CONFIG_LOCATIONS"] == init.users
+    volume, mount = _in_volume(compose, registry, init.users)[0], init.users.rsplit("/", 1)[0]
+    assert f"{volume}:{mount}:ro" in registry["volumes"]
+    assert {n for n, svc in services.items() if volume in _named_mounts(compose, svc)} == {
+        "schema-registry",
+        "registry-auth-init",
+    }
+    assert registry["depends_on"]["registry-auth-init"] == {"condition": "service_completed_successfully"}
+    # Storage: the postgres service's `registry` database, created by its init SQL.
+    pg = services["postgres"]["environment"]
+    assert env["APICURIO_STORAGE_SQL_KIND"] == "postgresql"
+    assert env["APICURIO_DATASOURCE_URL"] == f"jdbc:postgresql://postgres:5432/{stackctl.PG_DATABASES[1]}"
+    assert (env["APICURIO_DATASOURCE_USERNAME"], env["APICURIO_DATASOURCE_PASSWORD"]) == (
+        pg["POSTGRES_USER"],
+        pg["POSTGRES_PASSWORD"],
+    )
+    assert f"CREATE DATABASE {stackctl.PG_DATABASES[1]};" in REGISTRY_SQL.read_text()
+    # Health on the management port, which is not published; the API port is.
+    assert containers._port(registry["ports"][0]).container_port == int(env["QUARKUS_HTTP_PORT"])
+    assert f"localhost:{env['QUARKUS_MANAGEMENT_PORT']}/health/ready" in " ".join(registry["healthcheck"]["test"])
+
+
+def test_registry_auth_init_writes_the_users_file_from_credentials_only_writers_read(
+    services: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its command, run here (folders standing for the volumes, no chown): the users file
+    the registry reads matches the credentials registry-init and fleet-init present."""
+    from flotilla import registry as registry_module
+
+    job = services["registry-auth-init"]
+    assert job["user"] == "0:0"  # it writes for two other users
+    assert job["environment"] == {"FLOTILLA_SCHEMA_REGISTRY_AUTH": "${FLOTILLA_SCHEMA_REGISTRY_AUTH:-}"}
+    init = _registry_auth_init(services)
+    readers = {"registry-init": services["registry-init"]["user"], "fleet-init": "10001:10001"}  # the image's user
+    assert set(readers.values()) == {init.credentials_owner}
+    assert services["fleet-init"]["environment"]["FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"] == init.credentials
+    monkeypatch.delenv("FLOTILLA_SCHEMA_REGISTRY_AUTH", raising=False)
+    creds, users = tmp_path / "registrar", tmp_path / "users.properties"
+    argv = ["users", "--credentials", str(creds), "--users", str(users), "--users-mode", init.users_mode]
+    assert registry_module.main(argv) == 0
+    assert users.read_text() == registry_module.users_properties(registry_module.read_credentials(creds))
+    assert (creds.stat().st_mode & 0o777, users.stat().st_mode & 0o777) == (0o600, 0o640)
+
+
+def test_registry_init_sets_the_local_stacks_compatibility_as_the_registrar(
+    services: dict[str, dict[str, Any]], stackctl: ModuleType, tmp_path: Path
+) -> None:
+    job = services["registry-init"]
+    credentials = _registry_auth_init(services).credentials
+    assert f"registrar:{credentials.rsplit('/', 1)[0]}:ro" in job["volumes"]
+    quote, put = _script(job).strip().split(" | ")
+    argv = shlex.split(put)
     assert argv[0] == "curl" and "-f" in "".join(a for a in argv if a.startswith("-") and not a.startswith("--"))
+    assert _opt(argv, "-K", "--config") == "-"  # the credentials arrive on stdin, never in argv
     assert _opt(argv, "-X", "--request") == "PUT"
-    assert argv[-1] == "http://schema-registry:8081/config"
-    assert json.loads(_opt(argv, "--data", "-d", "--data-binary")) == {"compatibility": stackctl.GLOBAL_COMPATIBILITY}
     internal = containers._port(services["schema-registry"]["ports"][0]).container_port
-    assert f":{internal}/" in argv[-1]
+    assert argv[-1] == f"http://schema-registry:{internal}{REGISTRY_API}/config"
+    assert json.loads(_opt(argv, "--data", "-d", "--data-binary")) == {"compatibility": stackctl.GLOBAL_COMPATIBILITY}
+    # The quoting step, run here (POSIX sed, as busybox's) on a credentials file.
+    sample = tmp_path / "registrar"
+    sample.write_text("registrar:Abc-_123\n")
+    config = subprocess.run(
+        ["sh", "-ec", quote.replace(credentials, str(sample))], capture_output=True, text=True, check=True
+    ).stdout
+    assert config == 'user = "registrar:Abc-_123"\n'
 
 
 # --------------------------------------------------------- connector and Connect
@@ -380,7 +466,9 @@ def test_testcontainers_start_order_honours_depends_on() -> None:
 
 
 def test_testcontainers_settings_match_the_local_stack(stackctl: ModuleType) -> None:
-    env = containers.stack_settings(containers.service_specs(COMPOSE_FILE, containers.INFRA_SERVICES))
+    env = containers.stack_settings(
+        containers.service_specs(COMPOSE_FILE, containers.SETUP_SERVICES + containers.INFRA_SERVICES)
+    )
     local = stackctl.stack_env()
     # The testcontainers starter runs the infrastructure only: no Prometheus or Alertmanager,
     # so no settings for them (nor the webhook token a local Alertmanager presents, nor how
@@ -391,10 +479,15 @@ def test_testcontainers_settings_match_the_local_stack(stackctl: ModuleType) -> 
         "FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE",
         *stackctl.LOCAL_ESTATE,
     }
-    assert set(env) == set(local) - observers
-    assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://127.0.0.1:{stackctl.PORTS['registry']}"
-    same = set(local) - observers - {"FLOTILLA_STACK", "FLOTILLA_SCHEMA_REGISTRY_URL"}
+    assert set(env) == set(local) - observers - {"FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"}
+    assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://127.0.0.1:{stackctl.PORTS['registry']}{REGISTRY_API}"
+    same = set(local) - observers - {"FLOTILLA_STACK", "FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"}
     assert {k: env[k] for k in same} == {k: local[k] for k in same}
+    # A started stack's writers find its registrar's credentials as the local stack's do.
+    with_registrar = containers.stack_settings(
+        containers.service_specs(COMPOSE_FILE, containers.SETUP_SERVICES + containers.INFRA_SERVICES), Path("/x")
+    )
+    assert set(with_registrar) == set(local) - observers
     assert local["FLOTILLA_PROFILE"] == "demo"  # both are the demo: demo credentials allowed
 
 
@@ -547,6 +640,17 @@ def test_starter_builds_containers_from_the_compose_file(
         assert env["FLOTILLA_KAFKA_BOOTSTRAP"] == f"127.0.0.1:{stackctl.PORTS['kafka']}"
         by_alias = {c.aliases[0]: c for c in fake_testcontainers}
         assert set(by_alias) == set(INFRA) | set(INIT_JOBS)
+        # This stack's registrar: given to registry-auth-init as compose's .env variable, and
+        # to host clients as a private file.
+        registrar = Path(env["FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"])
+        assert registrar.stat().st_mode & 0o777 == 0o600
+        auth_init = by_alias["registry-auth-init"]
+        assert auth_init.env == {"FLOTILLA_SCHEMA_REGISTRY_AUTH": registrar.read_text().strip()}
+        assert auth_init.kwargs["user"] == "0:0"
+        # Named volumes: Docker volumes of this stack, shared by name between its containers.
+        [(users_volume, users_path, users_mode)] = by_alias["schema-registry"].volumes
+        assert users_volume.startswith("flotilla-it-") and users_volume.endswith("-registry-users")
+        assert users_mode == "ro" and (users_volume, users_path, "rw") in auth_init.volumes
         assert len({id(c.network) for c in fake_testcontainers}) == 1  # one network for all
         for name, c in by_alias.items():
             svc = services[name]
@@ -564,15 +668,23 @@ def test_starter_builds_containers_from_the_compose_file(
     stopped = [e.split()[1] for e in _FakeContainer.log if e.startswith("stop ")]
     assert len(started) == len(INFRA) + len(INIT_JOBS) and stopped == list(reversed(started))
     assert _FakeNetwork.removed
-    # Connect's image (Debezium + our transforms) is built under its compose name before anything starts.
-    connect = services["connect"]
-    assert _FakeImage.built == [(str(TRANSFORMS_DIR), connect["image"], "Dockerfile", False)]
-    assert _FakeContainer.log[0] == f"build {connect['image']}"
+    assert not registrar.exists()  # removed with the stack
+    # Images with a build (Connect: Debezium + our transforms; the fleet's, for
+    # registry-auth-init) are built once each, under their compose names, before anything starts.
+    connect, fleet_image = services["connect"], services["registry-auth-init"]
+    assert sorted(_FakeImage.built) == sorted(
+        [
+            (str(TRANSFORMS_DIR), connect["image"], "Dockerfile", False),
+            (str(REPO_ROOT), fleet_image["image"], "Dockerfile", False),
+        ]
+    )
+    assert _FakeContainer.log[:2] == [f"build {image}" for _, image, _, _ in _FakeImage.built]
 
 
 def test_starter_fails_before_any_start_when_a_build_fails(fake_testcontainers: list[_FakeContainer]) -> None:
     _FakeImage.failing = True
-    with pytest.raises(containers.StackStartError, match=r"connect: building flotilla/connect:.* failed: COPY failed"):
+    failed = r"(connect|registry-auth-init): building flotilla/.* failed: COPY failed"
+    with pytest.raises(containers.StackStartError, match=failed):
         containers.ComposeStack(COMPOSE_FILE).start()
     assert fake_testcontainers == [] and _FakeContainer.log == []
 
@@ -589,6 +701,150 @@ def test_starter_fails_loudly_and_cleans_up_when_an_init_job_fails(
     stopped = [e.split()[1] for e in _FakeContainer.log if e.startswith("stop ")]
     assert stopped == list(reversed(started)) and "connect-init" not in started
     assert _FakeNetwork.removed
+
+
+# ------------------------------------------------------------ signed facts' keys
+
+KEYS_INIT = "keys-init"
+PUBLISHERS = tuple(m.name for m in fleet.AGENTS)  # every member with an outbox signs what it emits
+# Members whose fact key is the key they already sign something else with (fleetctl does the same).
+SHARED_SIGNING_KEYS = {
+    fleet.POLICY.name: "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE",
+    fleet.REMEDIATION.name: "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE",
+    fleet.AUDIT.name: "FLOTILLA_AUDIT_SIGNING_KEY_FILE",
+}
+
+
+def _named_mounts(compose: dict[str, Any], service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """named volume -> (mount point, read-only) of one service (bind mounts left out)."""
+    found = {}
+    for mount in service.get("volumes", []):
+        volume, target, *mode = mount.split(":")
+        if volume in (compose.get("volumes") or {}):
+            found[volume] = (target, mode == ["ro"])
+    return found
+
+
+def _in_volume(compose: dict[str, Any], service: dict[str, Any], path: str) -> tuple[str, str]:
+    """(volume, path inside it) of a file a service sees; fails if no named volume holds it."""
+    for volume, (target, _) in _named_mounts(compose, service).items():
+        if path.startswith(target.rstrip("/") + "/"):
+            return volume, path[len(target.rstrip("/")) + 1 :]
+    raise AssertionError(f"{path} is on no named volume of the service")
+
+
+def _generated_keys(compose: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    """What keys-init writes: (volume, file) of each private key -> (volume, file) of its
+    public key, from each `python -m flotilla.keys generate PRIVATE --public PUBLIC`."""
+    keys_init = compose["services"][KEYS_INIT]
+    command = keys_init["command"]
+    assert command[:2] == ["sh", "-c"] and len(command) == 3, command
+    generated = {}
+    for step in command[2].split("&&"):
+        argv = shlex.split(step)
+        if argv[:4] != ["python", "-m", "flotilla.keys", "generate"]:
+            continue
+        private, public = argv[4], _opt(argv, "--public")
+        generated[_in_volume(compose, keys_init, private)] = _in_volume(compose, keys_init, public)
+    return generated
+
+
+def _producer_keys(service: dict[str, Any]) -> dict[str, list[str]]:
+    entries = json.loads(service["environment"]["FLOTILLA_PRODUCER_KEYS"])
+    assert isinstance(entries, dict)
+    return entries
+
+
+def test_every_publishing_member_signs_its_facts_with_a_key_of_its_own(compose: dict[str, Any]) -> None:
+    services, generated = compose["services"], _generated_keys(compose)
+    key_volumes = {}
+    for name in PUBLISHERS:
+        env = services[name]["environment"]
+        key = env.get("FLOTILLA_SIGNING_KEY_FILE")
+        assert key, f"{name} publishes, so it signs what it publishes: FLOTILLA_SIGNING_KEY_FILE"
+        where = _in_volume(compose, services[name], key)
+        assert where in generated, f"{name}: keys-init makes no key at {key}"
+        assert _named_mounts(compose, services[name])[where[0]][1], f"{name} mounts its key read-write"
+        if name in SHARED_SIGNING_KEYS:
+            assert env[SHARED_SIGNING_KEYS[name]] == key, f"{name}: one key for its facts and its signatures"
+        assert services[name]["depends_on"][KEYS_INIT] == {"condition": "service_completed_successfully"}, name
+        key_volumes[name] = where[0]
+    assert len(set(key_volumes.values())) == len(PUBLISHERS), f"a key volume is shared: {key_volumes}"
+
+
+def test_every_member_trusts_each_producer_by_the_key_it_signs_with(compose: dict[str, Any]) -> None:
+    """FLOTILLA_PRODUCER_KEYS names every producer of flotilla.provenance, each by the public
+    key keys-init writes beside that producer's private key, on a volume the member mounts."""
+    services, generated = compose["services"], _generated_keys(compose)
+    producers = set().union(*PRODUCERS.values())
+    assert producers == set(PUBLISHERS)
+    for name in PUBLISHERS:
+        entries = _producer_keys(services[name])
+        assert set(entries) == producers, f"{name} trusts {sorted(entries)}"
+        for producer, paths in entries.items():
+            signer_key = _in_volume(
+                compose, services[producer], services[producer]["environment"]["FLOTILLA_SIGNING_KEY_FILE"]
+            )
+            assert [_in_volume(compose, services[name], path) for path in paths] == [generated[signer_key]], (
+                f"{name} does not trust {producer} by the key {producer} signs with"
+            )
+            for path in paths:
+                volume, _ = _in_volume(compose, services[name], path)
+                assert _named_mounts(compose, services[name])[volume][1], f"{name}: {volume} is writable"
+
+
+def test_no_member_mounts_another_members_private_key(compose: dict[str, Any]) -> None:
+    services, generated = compose["services"], _generated_keys(compose)
+    private_volumes = {volume for volume, _ in generated}
+    public_volumes = {volume for volume, _ in generated.values()}
+    assert not private_volumes & public_volumes, "a private key beside the public ones that everyone mounts"
+    for name, service in services.items():
+        if name == KEYS_INIT:
+            continue
+        held = set(_named_mounts(compose, service)) & private_volumes
+        if name in PUBLISHERS:
+            own = _in_volume(compose, service, service["environment"]["FLOTILLA_SIGNING_KEY_FILE"])[0]
+            assert held == {own}, f"{name} mounts the private keys of {sorted(held - {own})}"
+        else:
+            assert not held, f"{name} mounts private keys: {sorted(held)}"
+
+
+def test_the_keys_keys_init_writes_let_each_member_sign_and_every_member_believe_it(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """keys-init's steps run for real (a folder standing for each volume), then each member's
+    signer and trusted producers built from its compose settings as the runtime builds them."""
+    from flotilla import keys
+    from flotilla.runner import fact_provenance, fact_signer
+    from flotilla.settings import ServiceSettings
+
+    services = compose["services"]
+
+    def local(service: dict[str, Any], path: str) -> str:
+        volume, inside = _in_volume(compose, service, path)
+        return str(tmp_path / volume / inside)
+
+    for (volume, private), (pub_volume, public) in _generated_keys(compose).items():
+        argv = ["generate", str(tmp_path / volume / private), "--public", str(tmp_path / pub_volume / public)]
+        assert keys.main(argv) == 0
+    signers, trust = {}, {}
+    for name in PUBLISHERS:
+        service = services[name]
+        settings = ServiceSettings(
+            _env_file=None,  # type: ignore[call-arg]
+            signing_key_file=Path(local(service, service["environment"]["FLOTILLA_SIGNING_KEY_FILE"])),
+            producer_keys={p: [local(service, e) for e in es] for p, es in _producer_keys(service).items()},
+        )
+        signers[name], trust[name] = fact_signer(settings), fact_provenance(settings)
+    assert len({s.key_id for s in signers.values()}) == len(PUBLISHERS)  # seven different keys
+    for producer, signer in signers.items():
+        record_type = next(t for t, who in PRODUCERS.items() if producer in who)
+        env = Envelope(type=record_type, source=f"/flotilla/{producer}", correlationid="incident-1")
+        payload = b"\x00\x00\x00\x00\x01payload"
+        signature = sign_fact(signer, env, payload)
+        for name, provenance in trust.items():
+            verified = provenance.verify(env, payload, signature)
+            assert (verified.producer, verified.key_id) == (producer, signer.key_id), name
 
 
 # --------------------------------------------------------------- docker engine

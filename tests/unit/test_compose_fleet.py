@@ -123,7 +123,8 @@ def internal_port(service: dict[str, Any]) -> int:
 
 def test_compose_runs_the_stack_the_fleet_the_demo_and_observability(services: dict[str, dict[str, Any]]) -> None:
     expected = (
-        set(containers.INFRA_SERVICES)
+        set(containers.SETUP_SERVICES)
+        | set(containers.INFRA_SERVICES)
         | set(containers.INIT_SERVICES)
         | {INIT, KEYS_INIT, DEMO_JOB, *OBSERVERS}
         | set(MEMBERS)
@@ -261,7 +262,9 @@ def test_services_with_a_database_find_the_stack(services: dict[str, dict[str, A
     assert env["FLOTILLA_KAFKA_BOOTSTRAP"] == "kafka:9092"
     advertised = env_of(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
     assert "INTERNAL://kafka:9092" in advertised.split(",")
-    assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == f"http://schema-registry:{internal_port(services['schema-registry'])}"
+    assert env["FLOTILLA_SCHEMA_REGISTRY_URL"] == (
+        f"http://schema-registry:{internal_port(services['schema-registry'])}/apis/ccompat/v7"
+    )
     assert env["FLOTILLA_CONNECT_URL"] == f"http://connect:{internal_port(services['connect'])}"
     assert env["FLOTILLA_PG_HOST"] == "postgres"
     assert env["FLOTILLA_PG_PORT"] == str(internal_port(pg))
@@ -355,21 +358,76 @@ def test_compose_is_the_demo_profile_and_its_demo_credentials_need_it(
 
 
 def test_only_the_sim_and_the_executor_hold_the_action_token(services: dict[str, dict[str, Any]]) -> None:
+    """No public default: keys-init writes the token (FLOTILLA_SIM_ACTION_TOKEN from .env,
+    else the one it made before, else a random one) into a volume that only the sim and the
+    executor mount, read-only, and both read that one file."""
+    key, file_key = "FLOTILLA_SIM_ACTION_TOKEN", "FLOTILLA_SIM_ACTION_TOKEN_FILE"
+    sim, executor = fleet.SIM.name, fleet.EXECUTOR.name
+    # The token itself is in no member's environment; keys-init gets the .env variable, no default.
+    assert {n for n, svc in services.items() if key in (svc.get("environment") or {})} == {KEYS_INIT}
+    interpolated = INTERPOLATION.fullmatch(str(services[KEYS_INIT]["environment"][key]))
+    assert interpolated is not None and interpolated.groups() == (key, ":-", "")
+    readers = {n: env_of(svc)[file_key] for n, svc in services.items() if file_key in env_of(svc)}
+    assert set(readers) == {sim, executor}
+    [path] = set(readers.values())  # one file: the two can never disagree
+    assert f"python -m services.sim.token_file {path}" in " ".join(services[KEYS_INIT]["command"])
+    assert {n for n, svc in services.items() if "sim-token" in _mounts(svc)} == {KEYS_INIT, sim, executor}
+    for name in (sim, executor):
+        target, read_only = _mounts(services[name])["sim-token"]
+        assert Path(path).parent == Path(target) and read_only, name
+        assert services[name]["depends_on"][KEYS_INIT] == {"condition": "service_completed_successfully"}, name
+    assert _mounts(services[KEYS_INIT])["sim-token"] == (str(Path(path).parent), False)
+    assert str(Path(path).parent) in DOCKERFILE.read_text()  # the image makes it for its user
+    assert [line for line in DEMO_ENV.read_text().splitlines() if line.startswith(f"{key}=")] == [f"{key}="]
+    assert "demo-only-sim-action-token" not in COMPOSE_FILE.read_text() + DEMO_ENV.read_text()
+
+
+@pytest.mark.parametrize("given", [None, "an-operators-own-token-0123456789"])
+def test_the_sim_and_the_executor_read_the_token_keys_init_writes(
+    services: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    given: str | None,
+) -> None:
+    """keys-init's step run for real (into a folder standing for the volume), then the two
+    members' settings loaded from their compose environment: the same usable token."""
+    from services.executor.targets import SimTarget
+    from services.sim import token_file
     from services.sim.auth import check_action_token
 
-    key = "FLOTILLA_SIM_ACTION_TOKEN"
-    raw = {
-        name: str(svc["environment"][key]) for name, svc in services.items() if key in (svc.get("environment") or {})
-    }
-    assert set(raw) == {fleet.SIM.name, fleet.EXECUTOR.name}
-    # One interpolation of one variable: setting it in .env changes both, never only one.
-    assert raw[fleet.SIM.name] == raw[fleet.EXECUTOR.name]
-    interpolated = INTERPOLATION.fullmatch(raw[fleet.SIM.name])
-    assert interpolated is not None and interpolated.group(1) == key
-    default = resolved(raw[fleet.SIM.name])
-    assert check_action_token(default) == default  # the demo default is one the sim starts with
-    documented = [line for line in DEMO_ENV.read_text().splitlines() if line.startswith(f"{key}=")]
-    assert documented == [f"{key}={default}"]
+    [path] = {env_of(services[n])["FLOTILLA_SIM_ACTION_TOKEN_FILE"] for n in ("sim", "executor")}
+    volume = tmp_path / "sim-token"
+    local = volume / Path(path).name
+    monkeypatch.setenv("FLOTILLA_ENV_FILE", str(tmp_path / "absent.env"))
+    for key in [k for k in os.environ if k.startswith("FLOTILLA_")]:
+        if key != "FLOTILLA_ENV_FILE":
+            monkeypatch.delenv(key)
+    if given is not None:
+        monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", given)
+    assert token_file.main([str(local)]) == 0
+    monkeypatch.delenv("FLOTILLA_SIM_ACTION_TOKEN", raising=False)
+    assert local.stat().st_mode & 0o777 == 0o600
+    tokens = []
+    for name in ("sim", "executor"):
+        env = {k: v for k, v in env_of(services[name]).items() if k.startswith("FLOTILLA_")}
+        env["FLOTILLA_SIM_ACTION_TOKEN_FILE"] = str(local)
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            settings = settings_class(MEMBERS[name])()
+            if name == "sim":
+                tokens.append(settings.action_token())
+            else:
+                target = settings.build_target()
+                assert isinstance(target, SimTarget)
+                tokens.append(settings.sim_token())
+                target.close()
+    assert tokens[0] == tokens[1] == check_action_token(str(tokens[0]))
+    if given is not None:
+        assert tokens[0] == given
+    # Run again (every `docker compose up`): the token stays what the two members hold.
+    assert token_file.main([str(local)]) == 0
+    assert local.read_text().strip() == tokens[0]
 
 
 def test_the_audit_key_lives_on_a_volume(services: dict[str, dict[str, Any]]) -> None:
@@ -402,7 +460,8 @@ def test_each_signing_key_is_mounted_into_its_signer_alone(services: dict[str, d
     assert holders["authorization-key"] == {KEYS_INIT, "policy-service"}
     assert holders["proposal-key"] == {KEYS_INIT, "remediation-agent"}
     assert holders["audit-key"] == {KEYS_INIT, "audit"}
-    assert holders["public-keys"] == {KEYS_INIT, "policy-service", "executor", "dlq-reconciler", "audit"}
+    # every publishing member checks each producer's signature (FLOTILLA_PRODUCER_KEYS)
+    assert holders["public-keys"] == {KEYS_INIT, *(m.name for m in fleet.AGENTS)}
     for name, setting in (
         ("policy-service", "FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE"),
         ("remediation-agent", "FLOTILLA_PROPOSAL_SIGNING_KEY_FILE"),
@@ -496,16 +555,39 @@ def test_fleet_init_prepares_every_database_as_its_service_will(
         assert member.database in expected, f"{member.name}: {member.database}"
 
 
+# What only the jobs that write to the registry hold: the registrar's credentials.
+REGISTRAR_KEYS = {"FLOTILLA_SCHEMA_REGISTRY_AUTH", "FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"}
+REGISTRAR_VOLUME = "registrar"
+
+
 def test_fleet_init_reads_only_stack_settings(services: dict[str, dict[str, Any]]) -> None:
     env = env_of(services[INIT])
     assert set(env) <= STACK_KEYS
     required = {"FLOTILLA_SCHEMA_REGISTRY_URL", "FLOTILLA_CONNECT_URL", "FLOTILLA_PG_HOST", "FLOTILLA_PG_PASSWORD"}
     assert required <= set(env)
-    # the same stack the services see
+    # the same stack the services see, but for the registrar's credentials: it registers
     for name, member in MEMBERS.items():
         if member.database:
             member_env = env_of(services[name])
-            assert {k: member_env[k] for k in env} == env, name
+            assert {k: member_env[k] for k in set(env) - REGISTRAR_KEYS} == {
+                k: v for k, v in env.items() if k not in REGISTRAR_KEYS
+            }, name
+
+
+def test_only_the_jobs_that_write_to_the_registry_hold_the_registrar(services: dict[str, dict[str, Any]]) -> None:
+    """fleet-init registers the contracts and registry-init sets the compatibility rule, as
+    the registrar; the services only serialize and deserialize, anonymously."""
+    creds = env_of(services[INIT])["FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"]
+    assert f"{REGISTRAR_VOLUME}:{creds.rsplit('/', 1)[0]}:ro" in services[INIT]["volumes"]
+    holders = {
+        name
+        for name, svc in services.items()
+        if any(str(v).split(":")[0] == REGISTRAR_VOLUME for v in svc.get("volumes", []))
+        or REGISTRAR_KEYS & set(env_of(svc))
+    }
+    assert holders == {"registry-auth-init", "registry-init", INIT}
+    for name in holders - {"registry-auth-init"}:  # it makes them; the two others only read them
+        assert f"{REGISTRAR_VOLUME}:/var/lib/flotilla/registrar:ro" in services[name]["volumes"], name
 
 
 def test_provision_entry_point_takes_those_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -532,7 +614,7 @@ def test_provision_does_contracts_then_outboxes_then_databases(monkeypatch: pyte
     from flotilla import bootstrap, contracts, provision
 
     calls: list[str] = []
-    monkeypatch.setattr(provision, "registry_client", lambda url: object())
+    monkeypatch.setattr(provision, "registrar_client", lambda settings: object())
     monkeypatch.setattr(contracts, "register_all", lambda client: calls.append("contracts") or {"s": 1})
     monkeypatch.setattr(
         bootstrap, "bootstrap_outbox", lambda s, db, topics, timeout: calls.append(f"outbox {db} {topics}") or db
@@ -559,11 +641,30 @@ def test_provision_gives_up_at_once_on_an_incompatible_contract(monkeypatch: pyt
         attempts.append(1)
         raise contracts.IncompatibleSchemaError("incidents-x: refused")
 
-    monkeypatch.setattr(provision, "registry_client", lambda url: object())
+    monkeypatch.setattr(provision, "registrar_client", lambda settings: object())
     monkeypatch.setattr(contracts, "register_all", refuse)
     monkeypatch.setattr(provision, "load_settings", StackSettings)
     assert provision.main([]) == 1
     assert attempts == [1]
+
+
+def test_provision_gives_up_at_once_when_the_registry_refuses_the_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from flotilla import contracts, provision
+    from flotilla.registry import RegistrarRefused
+
+    attempts: list[int] = []
+
+    def refuse(client: object) -> dict[str, int]:
+        attempts.append(1)
+        raise SchemaRegistryError(401, 0, "User is not authenticated.")
+
+    monkeypatch.setattr(provision, "registrar_client", lambda settings: object())
+    monkeypatch.setattr(contracts, "register_all", refuse)
+    with pytest.raises(RegistrarRefused, match="FLOTILLA_SCHEMA_REGISTRY_AUTH"):
+        provision.provision(StackSettings(_env_file=None), timeout=5, pause=0.01)
+    assert attempts == [1]  # not retried: the same credentials would be refused again
 
 
 # ---------------------------------------------------------------- the demo job

@@ -76,8 +76,10 @@ def _secrets(fleetctl: ModuleType, token: str = "the-fleets-own-token-123456") -
 
 def test_only_the_sim_and_the_executor_get_the_token(fleetctl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "from-the-calling-shell-1234")  # never passed through
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN_FILE", "/tmp/the-shells-token")  # nor a file of its own
     for member in FLEET:
         env = fleetctl.member_env(member, _secrets(fleetctl))
+        assert "FLOTILLA_SIM_ACTION_TOKEN_FILE" not in env, member.name
         if member in (SIM, EXECUTOR):
             assert env["FLOTILLA_SIM_ACTION_TOKEN"] == "the-fleets-own-token-123456", member.name
         else:

@@ -27,6 +27,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -36,8 +37,10 @@ from pydantic_settings import BaseSettings
 
 from flotilla import tracing
 from flotilla.connectors import DROP_NULL_HEADERS, OUTBOX_CONNECTOR_CLASS, connector_name, outbox_connector_config
-from flotilla.fleet import BY_NAME, FLEET, SIM
-from flotilla.settings import StackSettings
+from flotilla.envelope import Envelope
+from flotilla.fleet import AGENTS, BY_NAME, FLEET, SIM
+from flotilla.provenance import PRODUCERS, sign_fact
+from flotilla.settings import ServiceSettings, StackSettings
 from services.executor.namespaces import EnvironmentNamespaces
 
 from ..poms import TRANSFORMS_POM, pom_text
@@ -93,9 +96,15 @@ SECRETS = {
     "flotilla-audit-signing-key",
     "flotilla-authorization-signing-key",  # policy only: it alone may authorize a command
     "flotilla-proposal-signing-key",  # remediation only: it alone may propose
+    # the four members whose facts are signed with a key of their own (flotilla.provenance)
+    "flotilla-health-agent-signing-key",
+    "flotilla-diagnostic-agent-signing-key",
+    "flotilla-executor-signing-key",
+    "flotilla-dlq-reconciler-signing-key",
     "flotilla-trusted-keys",  # the public keys each verifier trusts
     "flotilla-console-tls",
     "flotilla-sim-action-token",  # dev: the sim's action API admits only the executor
+    "flotilla-schema-registry-registrar",  # the provision Job registers the contracts with it
     # Made by Strimzi (production): one per KafkaUser, and the cluster CA (copied in).
     *KAFKA_USERS.values(),
     CONNECT_USER,
@@ -112,6 +121,18 @@ SCALED_TOPICS = {
 }
 PARTITIONS = 6  # incidents and commands (docker-compose.yml kafka-init, infra/local/stackctl.py)
 EXECUTOR_MAX_REPLICAS = 2  # see the comment on the executor's ScaledObject
+# Pods of the stack that run beside the fleet, in its namespace where the base's addresses
+# say so, but that these manifests do not make: the labels backend-egress selects them by
+# (docs/operations/kubernetes.md, Prerequisites), and their ports.
+STACK_PODS: tuple[tuple[str, dict[str, str], set[str | int]], ...] = (
+    (
+        "Kafka/flotilla",
+        {"strimzi.io/cluster": "flotilla", "strimzi.io/kind": "Kafka", "strimzi.io/name": "flotilla-kafka"},
+        {9092, 9093},
+    ),
+    ("PostgreSQL/flotilla-postgres", {"app.kubernetes.io/name": "flotilla-postgres"}, {5432}),
+    ("registry/flotilla-registry", {"app.kubernetes.io/name": "flotilla-registry"}, {8080}),
+)
 
 
 def _in_ci() -> bool:
@@ -486,11 +507,74 @@ def test_only_the_sim_and_the_executor_hold_the_sim_action_token(
         assert value["valueFrom"] == {"secretKeyRef": {"name": "flotilla-sim-action-token", "key": "token"}}, member
 
 
-# Who holds which private key, and which public keys each verifier reads (flotilla.keys).
+def test_only_the_provision_job_holds_the_registry_registrar(objects: tuple[dict[str, Any], ...]) -> None:
+    """The registry refuses anonymous writes: the Job that registers the contracts presents
+    the registrar's credentials, from their Secret (required); the services read anonymously."""
+    holders: dict[str, Any] = {}
+    for workload in workloads(objects):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            env = container_env(objects, container)
+            for key in ("FLOTILLA_SCHEMA_REGISTRY_AUTH", "FLOTILLA_SCHEMA_REGISTRY_AUTH_FILE"):
+                if key in env:
+                    holders[f"{member_of(workload)} {key}"] = env[key]
+    assert holders == {
+        "flotilla-provision FLOTILLA_SCHEMA_REGISTRY_AUTH": {
+            "name": "FLOTILLA_SCHEMA_REGISTRY_AUTH",
+            "valueFrom": {"secretKeyRef": {"name": "flotilla-schema-registry-registrar", "key": "auth"}},
+        }
+    }
+    refs = {(owner, name) for owner, name, _ in _secret_refs(objects) if name == "flotilla-schema-registry-registrar"}
+    assert refs == {("Job/flotilla-provision", "flotilla-schema-registry-registrar")}
+
+
+def test_the_documented_registry_settings_are_the_local_stacks() -> None:
+    """docs/operations/kubernetes.md shows the registry's part (it is not in these manifests):
+    the same switches as the local stack and compose, its users file from the Secret it mounts."""
+    from flotilla.registry import SERVER_ENV
+
+    doc = (REPO_ROOT / "docs" / "operations" / "kubernetes.md").read_text()
+    section = doc.split("### The schema registry's registrar", 1)[1].split("\n## ", 1)[0]
+    excerpt = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    [container] = excerpt["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert {k: env[k] for k in SERVER_ENV} == SERVER_ENV
+    [mount] = container["volumeMounts"]
+    [volume] = excerpt["volumes"]
+    assert env["QUARKUS_CONFIG_LOCATIONS"] == f"{mount['mountPath']}/users.properties"
+    assert (mount["name"], mount["readOnly"]) == (volume["name"], True)
+    assert volume["secret"]["secretName"] == "flotilla-registry-users"
+    assert "--from-file=users.properties" in section and "flotilla.registrar users" in section
+
+
+# Who holds which private key (flotilla.keys): every publishing member signs its facts with
+# FLOTILLA_SIGNING_KEY_FILE (flotilla.provenance); the policy service, the remediation agent
+# and the audit with the key they sign authorizations, proposals and the chain with. Each:
+# (its Secret, the file of flotilla-trusted-keys holding its public key(s), the settings
+# that name the key file).
 SIGNING_KEYS = {
-    "policy-service": ("FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE", "flotilla-authorization-signing-key"),
-    "remediation-agent": ("FLOTILLA_PROPOSAL_SIGNING_KEY_FILE", "flotilla-proposal-signing-key"),
-    "audit": ("FLOTILLA_AUDIT_SIGNING_KEY_FILE", "flotilla-audit-signing-key"),
+    "health-agent": ("flotilla-health-agent-signing-key", "health-agent.pub", ("FLOTILLA_SIGNING_KEY_FILE",)),
+    "diagnostic-agent": (
+        "flotilla-diagnostic-agent-signing-key",
+        "diagnostic-agent.pub",
+        ("FLOTILLA_SIGNING_KEY_FILE",),
+    ),
+    "remediation-agent": (
+        "flotilla-proposal-signing-key",
+        "proposal.pub",
+        ("FLOTILLA_PROPOSAL_SIGNING_KEY_FILE", "FLOTILLA_SIGNING_KEY_FILE"),
+    ),
+    "policy-service": (
+        "flotilla-authorization-signing-key",
+        "authorization.pub",
+        ("FLOTILLA_AUTHORIZATION_SIGNING_KEY_FILE", "FLOTILLA_SIGNING_KEY_FILE"),
+    ),
+    "executor": ("flotilla-executor-signing-key", "executor.pub", ("FLOTILLA_SIGNING_KEY_FILE",)),
+    "audit": (
+        "flotilla-audit-signing-key",
+        "audit.pub",
+        ("FLOTILLA_AUDIT_SIGNING_KEY_FILE", "FLOTILLA_SIGNING_KEY_FILE"),
+    ),
+    "dlq-reconciler": ("flotilla-dlq-reconciler-signing-key", "dlq-reconciler.pub", ("FLOTILLA_SIGNING_KEY_FILE",)),
 }
 TRUSTED_KEYS = {
     "executor": ("FLOTILLA_AUTHORIZATION_PUBLIC_KEYS", "authorization.pub"),
@@ -522,7 +606,8 @@ def test_each_key_is_held_by_its_one_service(overlay: str, objects: tuple[dict[s
     """A signing key is mounted into the one member that signs with it and no other; each
     verifier reads its trusted public keys from the flotilla-trusted-keys Secret (a file per
     role, so rotation is an edit of one Secret and a restart)."""
-    key_secrets = {secret for _, secret in SIGNING_KEYS.values()}
+    key_secrets = {secret for secret, _, _ in SIGNING_KEYS.values()}
+    assert len(key_secrets) == len(SIGNING_KEYS), "two members share a signing key"
     for workload in workloads(objects):
         member = member_of(workload)
         spec = workload["spec"]["template"]["spec"]
@@ -530,10 +615,17 @@ def test_each_key_is_held_by_its_one_service(overlay: str, objects: tuple[dict[s
         env = container_env(objects, container)
         mounted = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
         signing = SIGNING_KEYS.get(member)
-        assert mounted & key_secrets == ({signing[1]} if signing else set()), f"{member} mounts {mounted}"
+        assert mounted & key_secrets == ({signing[0]} if signing else set()), f"{member} mounts {mounted}"
         if signing:
-            setting, secret = signing
-            assert _mounted_file(spec, container, env[setting]) == (secret, "signing-key.pem"), member
+            secret, _, settings = signing
+            for setting in settings:
+                assert _mounted_file(spec, container, env[setting]) == (secret, "signing-key.pem"), (member, setting)
+        else:
+            assert "FLOTILLA_SIGNING_KEY_FILE" not in env, member
+        for volume in spec.get("volumes", []):
+            if volume.get("secret", {}).get("secretName") == "flotilla-trusted-keys":
+                items = [item["key"] for item in volume["secret"]["items"]]
+                assert all(key.endswith(".pub") for key in items), f"{member}: {items}"  # public keys only
         trusted = TRUSTED_KEYS.get(member)
         public_settings = {k for k in env if k.endswith("_PUBLIC_KEYS")}
         assert public_settings == ({trusted[0]} if trusted else set()), f"{member}: {public_settings}"
@@ -543,6 +635,85 @@ def test_each_key_is_held_by_its_one_service(overlay: str, objects: tuple[dict[s
             assert entries, f"{member}: {setting} is empty"
             for entry in entries:
                 assert _mounted_file(spec, container, entry) == ("flotilla-trusted-keys", item), member
+
+
+def _producer_keys(objects: tuple[dict[str, Any], ...], workload: dict[str, Any]) -> dict[str, list[str]]:
+    env = container_env(objects, workload["spec"]["template"]["spec"]["containers"][0])
+    entries = json.loads(env["FLOTILLA_PRODUCER_KEYS"])
+    assert isinstance(entries, dict)
+    return entries
+
+
+def test_every_publishing_member_trusts_every_producer_by_its_key(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    """Every member that publishes signs (its key: above) and names every producer of
+    flotilla.provenance in FLOTILLA_PRODUCER_KEYS, each by the file of flotilla-trusted-keys
+    that holds the public key of the Secret that producer signs with."""
+    publishers = {m.name for m in AGENTS}
+    assert set(SIGNING_KEYS) == publishers == set().union(*PRODUCERS.values())
+    for workload in workloads(objects):
+        member = member_of(workload)
+        spec = workload["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        env = container_env(objects, container)
+        if member not in publishers:
+            assert "FLOTILLA_PRODUCER_KEYS" not in env, member
+            continue
+        entries = _producer_keys(objects, workload)
+        assert set(entries) == publishers, f"{member} trusts {sorted(entries)}"
+        for producer, paths in entries.items():
+            assert paths, f"{member}: no key for {producer}"
+            for path in paths:
+                found = _mounted_file(spec, container, path)
+                assert found == ("flotilla-trusted-keys", SIGNING_KEYS[producer][1]), (member, producer, path)
+
+
+def test_the_keys_as_documented_let_each_member_sign_and_every_member_believe_it(
+    objects: tuple[dict[str, Any], ...], tmp_path: Path
+) -> None:
+    """The Secrets made as docs/operations/kubernetes.md says (a key per signing Secret,
+    its public key in the matching file of flotilla-trusted-keys), each pod's files where
+    its mounts put them, and each member's signer and trusted producers built from its
+    settings as the runtime builds them: every fact a member signs, every member believes."""
+    from flotilla import keys
+    from flotilla.runner import fact_provenance, fact_signer
+
+    trusted = tmp_path / "flotilla-trusted-keys"
+    trusted.mkdir()
+    for secret, public, _ in SIGNING_KEYS.values():
+        (tmp_path / secret).mkdir()
+        argv = ["generate", str(tmp_path / secret / "signing-key.pem"), "--public", str(trusted / public)]
+        assert keys.main(argv) == 0
+    signers, trust = {}, {}
+    for workload in workloads(objects):
+        member = member_of(workload)
+        if member not in SIGNING_KEYS:
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        env = container_env(objects, container)
+
+        def local(path: str, spec: dict[str, Any] = spec, container: dict[str, Any] = container) -> str:
+            secret, key = _mounted_file(spec, container, path)
+            return str(tmp_path / secret / key)
+
+        settings = ServiceSettings(
+            _env_file=None,  # type: ignore[call-arg]
+            signing_key_file=Path(local(env["FLOTILLA_SIGNING_KEY_FILE"])),
+            producer_keys={p: [local(e) for e in es] for p, es in _producer_keys(objects, workload).items()},
+        )
+        signers[member], trust[member] = fact_signer(settings), fact_provenance(settings)
+    assert set(signers) == set(SIGNING_KEYS)
+    assert len({s.key_id for s in signers.values()}) == len(signers)
+    for producer, signer in signers.items():
+        record_type = next(t for t, who in PRODUCERS.items() if producer in who)
+        fact = Envelope(type=record_type, source=f"/flotilla/{producer}", correlationid="incident-1")
+        payload = b"\x00\x00\x00\x00\x01payload"
+        signature = sign_fact(signer, fact, payload)
+        for member, provenance in trust.items():
+            verified = provenance.verify(fact, payload, signature)
+            assert (verified.producer, verified.key_id) == (producer, signer.key_id), member
 
 
 def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
@@ -963,7 +1134,7 @@ def test_network_policies_select_pods_that_exist(objects: tuple[dict[str, Any], 
         for rule in spec.get("ingress", []) + spec.get("egress", []):
             for peer in rule.get("from", []) + rule.get("to", []):
                 if "podSelector" in peer and "namespaceSelector" not in peer:  # a peer in this namespace
-                    peers = [p for p in all_pods if selects(peer["podSelector"], p[1])]
+                    peers = [p for p in [*all_pods, *STACK_PODS] if selects(peer["podSelector"], p[1])]
                     assert peers, f"{ident(policy)}: peer {peer['podSelector']} selects no pod"
                     for port in rule.get("ports", []) if "to" in rule else []:
                         assert all(port["port"] in p[2] for p in peers), f"{ident(policy)}: port {port['port']}"
@@ -972,6 +1143,106 @@ def test_network_policies_select_pods_that_exist(objects: tuple[dict[str, Any], 
     for owner, labels, _ in all_pods:
         if labels.get("app.kubernetes.io/part-of") == "flotilla" and owner.startswith("Deployment/"):
             assert selects(metrics["spec"]["podSelector"], labels), owner
+
+
+def _egress_policies(objects: tuple[dict[str, Any], ...], labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in of_kind(objects, "NetworkPolicy")
+        if "Egress" in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], labels)
+    ]
+
+
+def test_every_egress_rule_names_its_destination(objects: tuple[dict[str, Any], ...]) -> None:
+    """No egress by port alone: every rule has peers, none of them "anywhere" (an empty
+    selector, a namespaceSelector without a pod or namespace named, a wide ipBlock), and every
+    pod the manifests make is under an egress policy (a pod under none may go anywhere)."""
+    for policy in of_kind(objects, "NetworkPolicy"):
+        for rule in policy["spec"].get("egress", []):
+            assert rule.get("to"), f"{ident(policy)}: an egress rule without `to:` allows any destination"
+            assert rule.get("ports"), f"{ident(policy)}: an egress rule without ports allows every port"
+            for peer in rule["to"]:
+                if "ipBlock" in peer:
+                    address, _, prefix = peer["ipBlock"]["cidr"].partition("/")
+                    assert int(prefix) == (128 if ":" in address else 32), f"{ident(policy)}: {peer} is a range"
+                    continue
+                names = peer.get("namespaceSelector", {}).get("matchLabels", {})
+                selector = peer.get("podSelector", {})
+                if "namespaceSelector" in peer:
+                    assert "kubernetes.io/metadata.name" in names, f"{ident(policy)}: {peer} names no namespace"
+                else:
+                    assert selector.get("matchLabels") or selector.get("matchExpressions"), f"{ident(policy)}: {peer}"
+    for owner, labels, _ in pods(objects):
+        if owner.startswith(("Deployment/", "Job/")):
+            assert _egress_policies(objects, labels), f"{owner} is under no egress policy: it may reach anything"
+
+
+def _address(value: str) -> tuple[str, int]:
+    """(host, port) of a URL or a host:port."""
+    if "://" in value:
+        url = urlsplit(value)
+        assert url.hostname is not None and url.port is not None, value
+        return url.hostname, url.port
+    host, port = value.rsplit(":", 1)
+    return host, int(port)
+
+
+def _reaches(
+    objects: tuple[dict[str, Any], ...], labels: dict[str, str], own_namespace: str, host: str, port: int
+) -> bool:
+    """Whether an egress rule of a policy selecting ``labels`` allows ``port`` to the
+    namespace a Service name ``host`` lives in (``name.namespace.svc``, else ours)."""
+    namespace = host.split(".")[1] if "." in host else own_namespace
+    for policy in _egress_policies(objects, labels):
+        for rule in policy["spec"].get("egress", []):
+            if port not in {p["port"] for p in rule.get("ports", [])}:
+                continue
+            for peer in rule.get("to", []):
+                named_ns = peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+                if "ipBlock" not in peer and (named_ns or own_namespace) == namespace:
+                    return True
+    return False
+
+
+ADDRESS_SETTINGS = (
+    "FLOTILLA_KAFKA_BOOTSTRAP",
+    "FLOTILLA_SCHEMA_REGISTRY_URL",
+    "FLOTILLA_CONNECT_URL",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "FLOTILLA_PROMETHEUS_URL",
+)
+
+
+def test_each_address_a_pod_is_given_is_where_its_egress_goes(
+    overlay: str, objects: tuple[dict[str, Any], ...]
+) -> None:
+    """The stack's addresses (flotilla-stack, the members' own) against the egress rules:
+    the port *and* the namespace of each, so a rule narrowed to the wrong place fails here."""
+    for workload in workloads(objects):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        own = workload["metadata"]["namespace"]
+        env = container_env(objects, workload["spec"]["template"]["spec"]["containers"][0])
+        addresses = [_address(env[k]) for k in ADDRESS_SETTINGS if isinstance(env.get(k), str)]
+        if isinstance(env.get("FLOTILLA_PG_HOST"), str):
+            addresses.append((env["FLOTILLA_PG_HOST"], int(env["FLOTILLA_PG_PORT"])))
+        for host, port in addresses:
+            assert _reaches(objects, labels, own, host, port), f"{ident(workload)} cannot reach {host}:{port}"
+        # and Prometheus only for those that read it
+        reads_prometheus = isinstance(env.get("FLOTILLA_PROMETHEUS_URL"), str)
+        assert _reaches(objects, labels, own, "prometheus-operated.monitoring.svc", 9090) == reads_prometheus, ident(
+            workload
+        )
+    if overlay == "production":
+        # The API server by address only (a placeholder to edit), and for the executor alone.
+        (policy,) = [
+            p
+            for p in of_kind(objects, "NetworkPolicy")
+            for rule in p["spec"].get("egress", [])
+            for peer in rule["to"]
+            if "ipBlock" in peer
+        ]
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "executor"}}
+        assert {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]} == {443, 6443}
 
 
 def _served_namespaces(objects: tuple[dict[str, Any], ...]) -> EnvironmentNamespaces | None:
@@ -1023,10 +1294,16 @@ def test_only_the_production_executor_talks_to_the_kubernetes_api(
         (binding,) = [b for b in bindings if b["metadata"]["namespace"] == namespace]
         rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
         assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
+        # What KubernetesTarget calls (test_targets.py checks the calls against this Role):
+        # read and patch (claim, record, restart) a Deployment, list them (lookup), patch
+        # the scale subresource (never read). list is a rule of its own: resourceNames, where
+        # an operator adds them, must never narrow it.
         assert rules == {
-            ("apps", "deployments", ("get", "list", "patch")),
-            ("apps", "deployments/scale", ("get", "patch")),
+            ("apps", "deployments", ("get", "patch")),
+            ("apps", "deployments", ("list",)),
+            ("apps", "deployments/scale", ("patch",)),
         }, f"{ident(role)} in {namespace}"
+        assert all("resourceNames" not in r for r in role["rules"] if "list" in r["verbs"]), ident(role)
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "executor", "namespace": fleet_namespace}]
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",

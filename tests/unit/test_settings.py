@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from flotilla.settings import MissingCredentials, StackSettings, default_env_file, load_settings
 
@@ -127,6 +128,25 @@ def test_pg_dsn_names_host_port_user_and_database(monkeypatch: pytest.MonkeyPatc
     assert parts["dbname"] == "incidents"
     assert _dsn_parts(s.pg_dsn("commands"))["dbname"] == "commands"
     assert _dsn_parts(s.pg_dsn("commands"))["host"] == "db.internal"
+
+
+@pytest.mark.parametrize(
+    "password",
+    ["with spaces", "it's", "a=b", "back\\slash", "x host=evil.example dbname=postgres", "' sslmode=disable '", ""],
+)
+def test_pg_dsn_passes_any_password_as_it_is(monkeypatch: pytest.MonkeyPatch, password: str) -> None:
+    """Quoted by psycopg: the password is one value, and cannot add or replace a parameter."""
+    monkeypatch.setenv("FLOTILLA_PG_HOST", "db.internal")
+    monkeypatch.setenv("FLOTILLA_PG_PASSWORD", password)
+    parsed = conninfo_to_dict(StackSettings().pg_dsn("incidents"))
+    assert parsed == {
+        "host": "db.internal",
+        "port": "55432",
+        "user": "flotilla",
+        "password": password,
+        "dbname": "incidents",
+        "connect_timeout": "5",
+    }
 
 
 def test_pg_dsn_defaults() -> None:

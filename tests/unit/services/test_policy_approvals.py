@@ -12,6 +12,7 @@ from typing import cast
 import pytest
 from fastapi import FastAPI
 
+from flotilla.digest import command_digest
 from flotilla.runner import ServiceContext
 from flotilla.settings import MissingCredentials
 from flotilla.workflow import Status
@@ -24,14 +25,17 @@ from services.policy.approval_rules import (
     Refusal,
     check_incident,
     check_request,
+    check_stored_steps,
     same_principal,
     seconds_left,
 )
 from services.policy.auth import DEMO_USERS, Person, TokenStore, UsersConfigError, bearer_token
+from services.policy.commands import canonical_step, command_record
 from services.policy.decide import PolicyEngine, Target
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
 from services.policy.settings import PolicySettings
+from services.policy.testing import step
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "ab" * 32
@@ -172,6 +176,48 @@ def test_an_incident_that_moved_on_takes_no_decision(status: Status, open_: bool
         with pytest.raises(Refusal) as caught:
             check_incident(view(), status)
         assert caught.value.status == 409
+
+
+def _stored(**params: object) -> tuple[list[dict[str, object]], ProposalView]:
+    """Steps as the policy service stores them (canonical), and a view with their digest."""
+    steps = [canonical_step(step("ScaleService", "incident-204", "9b2d7c1a-5e6f-4a3b-8c9d-0e1f2a3b4c5d", **params))]
+    return steps, view(digest=command_digest(steps))  # type: ignore[arg-type]
+
+
+def test_stored_steps_that_still_hash_to_the_digest_may_be_signed() -> None:
+    steps, proposal = _stored(replicas=12)
+    check_stored_steps(proposal, steps)
+    # the commands an approval signs are rebuilt from those steps, and carry the same digest
+    assert command_digest([command_record(s) for s in steps]) == proposal.digest
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda s: s.update(replicas=40),  # a bigger scale-out than the one proposed
+        lambda s: s["target"].update(name="payments-api"),  # another service
+        lambda s: s.update(expiresAt=s["expiresAt"] + 86_400_000),  # a command that lives a day longer
+        lambda s: s.update(replicas={"not", "json"}),  # not even digestible
+    ],
+)
+def test_stored_steps_edited_after_the_proposal_are_never_signed(edit: object) -> None:
+    steps, proposal = _stored(replicas=12)
+    edit(steps[0])  # type: ignore[operator]
+    with pytest.raises(Refusal) as caught:
+        check_stored_steps(proposal, steps)
+    assert caught.value.status == 409
+    assert "the stored proposal was edited after it was proposed" in caught.value.detail
+    assert "nothing was signed" in caught.value.detail
+    assert not caught.value.expire and not caught.value.withdraw
+
+
+def test_an_edited_step_refuses_even_with_the_digest_the_approver_named(engine: PolicyEngine) -> None:
+    """The approver names the stored digest and every other rule passes: the edit alone refuses."""
+    steps, proposal = _stored(replicas=12)
+    assert check_request(engine, Action.APPROVE, ALICE, proposal, proposal.digest, NOW).allowed
+    steps[0]["replicas"] = 40
+    with pytest.raises(Refusal, match="edited after it was proposed"):
+        check_stored_steps(proposal, steps)
 
 
 def test_seconds_left() -> None:

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -803,6 +804,69 @@ def test_the_sim_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatc
     (app,) = served
     assert TestClient(app).post("/actions/scale", json=_action()).status_code == 401
     assert TestClient(app, headers=EXECUTOR).post("/actions/scale", json=_action()).status_code == 200
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_sim_reads_its_token_from_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """FLOTILLA_SIM_ACTION_TOKEN_FILE (docker compose): read at start, checked like the variable."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from flotilla import run_app
+    from services.sim.app import build_app
+    from services.sim.settings import SimSettings
+
+    def main() -> None:  # what python -m services.sim runs
+        run_app(build_app, SimSettings, address=lambda s: (s.sim_host, s.sim_port), access_log=False)
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    token = tmp_path / "sim-action-token"
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN_FILE", str(token))
+    with pytest.raises(SystemExit) as refused:
+        main()
+    assert f"FLOTILLA_SIM_ACTION_TOKEN_FILE {token}" in str(refused.value.code)  # missing
+    token.write_text("too-short\n")
+    with pytest.raises(SystemExit, match="at least 16"):
+        main()
+    assert served == []
+    token.write_text(ACTION_TOKEN + "\n")
+    main()
+    (app,) = served
+    assert TestClient(app).post("/actions/scale", json=_action()).status_code == 401
+    assert TestClient(app, headers=EXECUTOR).post("/actions/scale", json=_action()).status_code == 200
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", ACTION_TOKEN)
+    with pytest.raises(ValidationError, match="not both"):
+        SimSettings()
+
+
+def test_the_token_file_is_given_kept_or_generated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What compose's keys-init runs: no default token, ever."""
+    from services.sim import token_file
+    from services.sim.auth import check_action_token
+
+    path = tmp_path / "volume" / "sim-action-token"
+    assert token_file.ensure(path) == "generated"
+    first = path.read_text().strip()
+    assert check_action_token(first) == first and len(first) >= 43
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert token_file.ensure(path) == "kept" and path.read_text().strip() == first
+    assert token_file.ensure(tmp_path / "other") == "generated"
+    assert (tmp_path / "other").read_text().strip() != first  # random, not a constant
+
+    assert token_file.ensure(path, ACTION_TOKEN) == "given"
+    assert path.read_text().strip() == ACTION_TOKEN
+    assert token_file.ensure(path) == "kept" and path.read_text().strip() == ACTION_TOKEN
+
+    with pytest.raises(ValueError, match="at least 16"):
+        token_file.ensure(path, "short")
+    assert path.read_text().strip() == ACTION_TOKEN  # nothing written
+    path.write_text("unusable\n")
+    assert token_file.ensure(path) == "generated"  # a file the sim would refuse is replaced
+
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", "with a space in it, long enough")
+    assert token_file.main([str(path)]) == 2
+    assert token_file.main([]) == 2
 
 
 def test_a_generated_estate_is_pairs_that_breach_and_recover_like_checkout() -> None:

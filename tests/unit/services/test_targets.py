@@ -257,6 +257,27 @@ def test_the_executor_does_not_build_a_sim_target_without_the_token(monkeypatch:
     assert seen[0].headers["authorization"] == f"Bearer {SIM_TOKEN}"
 
 
+@pytest.mark.usefixtures("clean_env")
+def test_the_executor_reads_the_sim_token_from_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    token = tmp_path / "sim-action-token"
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN_FILE", str(token))
+    with pytest.raises(ValueError, match=f"FLOTILLA_SIM_ACTION_TOKEN_FILE {token}"):
+        ExecutorSettings.load().build_target()  # missing
+    token.write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        ExecutorSettings.load().build_target()
+    token.write_text(SIM_TOKEN + "\n")
+    target = ExecutorSettings.load().build_target()
+    assert isinstance(target, SimTarget)
+    seen: list[httpx.Request] = []
+    target._client._transport = httpx.MockTransport(lambda r: seen.append(r) or httpx.Response(404, json={}))
+    assert target.lookup(KEY) is None
+    assert seen[0].headers["authorization"] == f"Bearer {SIM_TOKEN}"
+    monkeypatch.setenv("FLOTILLA_SIM_ACTION_TOKEN", SIM_TOKEN)
+    with pytest.raises(ValidationError, match="not both"):
+        ExecutorSettings.load()
+
+
 # -- a fake Kubernetes API -------------------------------------------------------------
 
 PRODUCTION = "apps"  # production's namespace
@@ -552,6 +573,55 @@ def test_kubernetes_endless_conflicts_are_retryable(kube: KubernetesTarget, clus
     with pytest.raises(TargetUnavailable):
         kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 1, "a")
     assert cluster.replicas() == 4
+
+
+EXECUTOR_ROLE = Path(__file__).resolve().parents[3] / "infra" / "k8s" / "overlays" / "production" / "executor-rbac.yaml"
+
+
+def _rbac(method: str, path: str) -> tuple[str, str]:
+    """The RBAC (verb, resource) of one apps/v1 Deployment call."""
+    parts = path.removeprefix("/apis/apps/v1/namespaces/").split("/")  # ns, deployments[, name[, sub]]
+    assert parts[1] == "deployments" and len(parts) <= 4, path
+    resource = "deployments" + (f"/{parts[3]}" if len(parts) == 4 else "")
+    if method == "GET":
+        return ("get" if len(parts) >= 3 else "list"), resource
+    return {"PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[method], resource
+
+
+def test_the_executor_role_grants_exactly_what_the_target_calls(
+    kube: KubernetesTarget, cluster: FakeKubernetes
+) -> None:
+    """Every call of every action (scale, restart, a replay, a conflict, lookup, the refused
+    ones) against the Role the production executor runs with: nothing used is missing, and
+    nothing granted goes unused."""
+    import yaml
+
+    kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 3, "a")
+    kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 3, "a")  # replayed
+    cluster.before_patch.append(lambda c: c.write("search-api", {"metadata": {"labels": {"x": "y"}}}))
+    kube.apply("scale", PROD_SEARCH, {"replicas": 3}, "incident-9:scale:3", 3, "a")  # after a conflict
+    kube.apply("restart", PROD_CHECKOUT, {"rolling": True}, "incident-3:restart", 4, "a")
+    kube.lookup(KEY)
+    kube.lookup("never-applied")
+    for action, params in (("rollback", {"toRevision": "r1"}), ("failover", {})):
+        with pytest.raises(TargetRejected):
+            kube.apply(action, PROD_CHECKOUT, params, f"incident-4:{action}", 5, "a")
+    used = {_rbac(method, path) for method, path in cluster.requests}
+    [role] = [d for d in yaml.safe_load_all(EXECUTOR_ROLE.read_text()) if d["kind"] == "Role"]
+    granted = set()
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == ["apps"], rule
+        granted |= {(verb, resource) for verb in rule["verbs"] for resource in rule["resources"]}
+    assert (
+        used
+        == granted
+        == {
+            ("get", "deployments"),
+            ("list", "deployments"),
+            ("patch", "deployments"),
+            ("patch", "deployments/scale"),
+        }
+    )
 
 
 def test_kubernetes_restart_is_one_write(kube: KubernetesTarget, cluster: FakeKubernetes) -> None:
