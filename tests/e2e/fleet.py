@@ -333,7 +333,9 @@ def counter_proposal(
         changed = {**step, "commandId": str(uuid.uuid4()), "proposalId": proposal_id, "replicas": replicas}
         changed["idempotencyKey"] = idempotency_key("ScaleService", changed)
         steps.append(changed)
-    envelope = original.envelope.caused(PROPOSED, "/tests/another-agent")
+    # another instance of the remediation agent: the same member, so produce() signs the
+    # record with its key (a forger without it is refused before any check of the body)
+    envelope = original.envelope.caused(PROPOSED, "/flotilla/remediation-agent")
     value = {
         **{k: v for k, v in original.value.items() if k != "attestation"},
         "eventId": envelope.id,

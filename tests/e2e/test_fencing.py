@@ -64,6 +64,9 @@ def standby(fleet: Fleet) -> Iterator[ExecutorProcess]:
         "FLOTILLA_EXECUTOR_ID": STANDBY_ID,
         "FLOTILLA_SIM_ACTION_TOKEN": fleet.sim_action_token,  # as the fleet's executor holds it
         "FLOTILLA_AUTHORIZATION_PUBLIC_KEYS": json.dumps([public_key_text(fleet.policy_signer.public_key)]),
+        # a second executor states outcomes as the executor does (flotilla.provenance)
+        "FLOTILLA_SIGNING_KEY_FILE": str(fleet.producer_key_file(EXECUTOR.name)),
+        "FLOTILLA_PRODUCER_KEYS": json.dumps(fleet.producer_keys()),
         "PYTHONUNBUFFERED": "1",
     }
     STANDBY_LOG.parent.mkdir(parents=True, exist_ok=True)

@@ -219,10 +219,12 @@ def as_json(value: Any) -> Any:
     return jsonable(value)
 
 
-def test_poison_is_quarantined_then_requeued_sanitized_and_processed_once(fleet: Fleet, watch: Watch) -> None:
-    incident, _ = awaiting_approval(fleet, watch)
+def test_poison_is_quarantined_and_a_sanitized_copy_is_refused_as_no_longer_its_producers(
+    fleet: Fleet, watch: Watch
+) -> None:
+    incident, request = awaiting_approval(fleet, watch)
     first = watch.kind("RecoveryProposed", incident)
-    # attested by the agent over its good digest, then damaged: the attestation no longer holds
+    # the agent's record (signed by it), whose attestation was made over another digest
     signed, envelope = counter_proposal(first, replicas=10, signer=fleet.agent_signer)
     good_digest = signed["digest"]
     value = {**signed, "digest": "sha256:" + "f" * 64}
@@ -239,20 +241,18 @@ def test_poison_is_quarantined_then_requeued_sanitized_and_processed_once(fleet:
     with pytest.raises(HttpError) as refused:
         fleet.dlq("POST", f"/quarantine/{entry['id']}/requeue", {"value": {**as_json(value), "digest": 7}}, OPERATOR)
     assert refused.value.status == 422 and "digest" in json.dumps(refused.value.body)
-
+    # a valid one is refused too: it is no longer what the agent signed (flotilla.provenance),
+    # and an operator's token does not speak for the agent
     sanitized = {**as_json(value), "digest": good_digest}
-    fleet.dlq("POST", f"/quarantine/{entry['id']}/requeue", sanitized and {"value": sanitized}, OPERATOR)
-    request = watch.wait(
-        lambda s: s.kind == "HumanApprovalRequired" and str(s.value["proposalId"]) == value["proposalId"],
-        what="the re-queued proposal processed",
-    )
-    assert request.envelope.causationid == envelope.id  # the original identity went through
-    with pytest.raises(HttpError) as twice:
+    with pytest.raises(HttpError) as unsigned:
         fleet.dlq("POST", f"/quarantine/{entry['id']}/requeue", {"value": sanitized}, OPERATOR)
-    assert twice.value.status == 409
+    assert unsigned.value.status == 422 and "signature: bad-signature" in json.dumps(unsigned.value.body)
     watch.settle(3)
-    processed = [s for s in watch.seen if s.kind == "HumanApprovalRequired" and s.envelope.causationid == envelope.id]
-    assert len(processed) == 1
+    assert not [s for s in watch.seen if s.kind == "HumanApprovalRequired" and s.envelope.causationid == envelope.id]
+    assert fleet.dlq("GET", f"/quarantine/{entry['id']}")["status"] == "quarantined"
+    # the person's decision on the agent's real plan still stands
+    fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]))
+    watch.kind("RecoveryExecuted", incident)
 
 
 def test_a_target_slower_than_the_lease_acts_once_and_reports_what_happened(fleet: Fleet, watch: Watch) -> None:
