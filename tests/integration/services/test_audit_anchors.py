@@ -138,6 +138,15 @@ def count(ctx: ServiceContext) -> int:
     return int(row[0]) if row else 0
 
 
+def cut_tail(audit: Audited, keep: int) -> None:
+    """Delete the entries after ``keep`` and point the head at entry ``keep``: a chain still
+    consistent with itself, shorter than the anchors say."""
+    with audit.owner() as conn, conn.transaction():
+        conn.execute("DELETE FROM audit_log WHERE seq > %s", (keep,))
+        (kept,) = conn.execute("SELECT entry_hash FROM audit_log WHERE seq = %s", (keep,)).fetchone() or (None,)
+        conn.execute("UPDATE audit_chain_head SET seq = %s, hash = %s WHERE id = 1", (keep, kept))
+
+
 def rebuild(audit: Audited, signer: Signer) -> None:
     """Rewrite entry 3 and re-link and re-sign every entry with ``signer``, head included:
     a chain perfectly consistent with itself."""
@@ -166,10 +175,7 @@ def test_an_honest_log_verifies_against_its_anchors(audited: Audited) -> None:
 
 
 def test_a_tail_cut_with_the_head_rewritten_is_detected(audited: Audited) -> None:
-    with audited.owner() as conn, conn.transaction():
-        conn.execute("DELETE FROM audit_log WHERE seq > 4")
-        (kept,) = conn.execute("SELECT entry_hash FROM audit_log WHERE seq = 4").fetchone() or (None,)
-        conn.execute("UPDATE audit_chain_head SET seq = 4, hash = %s WHERE id = 1", (kept,))
+    cut_tail(audited, keep=4)
     verdict = audited.verify()
     assert verdict["ok"] is False
     assert verdict["entriesChecked"] == 4  # the chain alone is consistent ...
@@ -224,10 +230,7 @@ def test_a_forged_anchor_neither_breaks_an_honest_log_nor_stops_the_check(audite
 
 def test_a_forged_anchor_cannot_hide_a_cut_tail(audited: Audited, serde: AvroSerde) -> None:
     forge_anchor(audited, serde, seq=1)
-    with audited.owner() as conn, conn.transaction():
-        conn.execute("DELETE FROM audit_log WHERE seq > 4")
-        (kept,) = conn.execute("SELECT entry_hash FROM audit_log WHERE seq = 4").fetchone() or (None,)
-        conn.execute("UPDATE audit_chain_head SET seq = 4, hash = %s WHERE id = 1", (kept,))
+    cut_tail(audited, keep=4)
     verdict = audited.verify()
     assert verdict["ok"] is False
     assert "tail was cut" in verdict["firstBroken"]["problem"], verdict  # the real anchor at 6, past the forged one
