@@ -57,3 +57,19 @@ def signed_headers(envelope: Envelope, payload: bytes, signer: Signer | None = N
     """The record's CloudEvents headers and its producer's signature over ``payload``."""
     signature = sign_fact(signer or fact_signer(), envelope, payload)
     return [*envelope.headers(), (SIGNATURE_HEADER, signature.encode())]
+
+
+def assert_each_signs_and_all_believe(signers: dict[str, Signer], trust: dict[str, Any]) -> None:
+    """Each member signs a record of a type it may state, and every member's provenance
+    (``flotilla.provenance.Provenance``) believes it as that member's: the keys a deployment
+    mounts and the keyrings it configures fit together."""
+    from flotilla.provenance import PRODUCERS
+
+    for producer, signer in signers.items():
+        record_type = next(t for t, who in PRODUCERS.items() if producer in who)
+        fact = Envelope(type=record_type, source=f"/flotilla/{producer}", correlationid="incident-1")
+        payload = b"\x00\x00\x00\x00\x01payload"
+        signature = sign_fact(signer, fact, payload)
+        for member, provenance in trust.items():
+            verified = provenance.verify(fact, payload, signature)
+            assert (verified.producer, verified.key_id) == (producer, signer.key_id), member

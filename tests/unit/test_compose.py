@@ -27,9 +27,9 @@ import yaml
 
 from flotilla import fleet
 from flotilla.connectors import connector_name, outbox_connector_config
-from flotilla.envelope import Envelope
 from flotilla.outbox import OUTBOX_MIGRATION
-from flotilla.provenance import PRODUCERS, sign_fact
+from flotilla.provenance import PRODUCERS
+from tests.keys import assert_each_signs_and_all_believe
 from tests.support import containers
 from tests.support.scripts import load_script
 
@@ -837,14 +837,7 @@ def test_the_keys_keys_init_writes_let_each_member_sign_and_every_member_believe
         )
         signers[name], trust[name] = fact_signer(settings), fact_provenance(settings)
     assert len({s.key_id for s in signers.values()}) == len(PUBLISHERS)  # seven different keys
-    for producer, signer in signers.items():
-        record_type = next(t for t, who in PRODUCERS.items() if producer in who)
-        env = Envelope(type=record_type, source=f"/flotilla/{producer}", correlationid="incident-1")
-        payload = b"\x00\x00\x00\x00\x01payload"
-        signature = sign_fact(signer, env, payload)
-        for name, provenance in trust.items():
-            verified = provenance.verify(env, payload, signature)
-            assert (verified.producer, verified.key_id) == (producer, signer.key_id), name
+    assert_each_signs_and_all_believe(signers, trust)
 
 
 # --------------------------------------------------------------- docker engine

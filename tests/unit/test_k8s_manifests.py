@@ -37,11 +37,11 @@ from pydantic_settings import BaseSettings
 
 from flotilla import tracing
 from flotilla.connectors import DROP_NULL_HEADERS, OUTBOX_CONNECTOR_CLASS, connector_name, outbox_connector_config
-from flotilla.envelope import Envelope
 from flotilla.fleet import AGENTS, BY_NAME, FLEET, SIM
-from flotilla.provenance import PRODUCERS, sign_fact
+from flotilla.provenance import PRODUCERS
 from flotilla.settings import ServiceSettings, StackSettings
 from services.executor.namespaces import EnvironmentNamespaces
+from tests.keys import assert_each_signs_and_all_believe
 
 from ..poms import TRANSFORMS_POM, pom_text
 
@@ -706,14 +706,7 @@ def test_the_keys_as_documented_let_each_member_sign_and_every_member_believe_it
         signers[member], trust[member] = fact_signer(settings), fact_provenance(settings)
     assert set(signers) == set(SIGNING_KEYS)
     assert len({s.key_id for s in signers.values()}) == len(signers)
-    for producer, signer in signers.items():
-        record_type = next(t for t, who in PRODUCERS.items() if producer in who)
-        fact = Envelope(type=record_type, source=f"/flotilla/{producer}", correlationid="incident-1")
-        payload = b"\x00\x00\x00\x00\x01payload"
-        signature = sign_fact(signer, fact, payload)
-        for member, provenance in trust.items():
-            verified = provenance.verify(fact, payload, signature)
-            assert (verified.producer, verified.key_id) == (producer, signer.key_id), member
+    assert_each_signs_and_all_believe(signers, trust)
 
 
 def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
