@@ -12,6 +12,7 @@ secret and the same JSON serves the local stack and docker compose.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import urllib.error
@@ -21,6 +22,8 @@ from typing import Any
 
 from flotilla.fleet import FLEET
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
+
+log = logging.getLogger(__name__)
 
 # Debezium's PostgreSQL connector, as our subclass (infra/connect-transforms, in Debezium's
 # plugin folder): rows pass exactly as with Debezium's own task, but an idle task waits for
@@ -244,8 +247,44 @@ def delete_connector(connect_url: str, name: str) -> None:
     _request(base, method="DELETE")
 
 
-def wait_running(connect_url: str, name: str, timeout: float = 60) -> None:
-    """Block until the connector and its task report RUNNING; raise with the trace if one FAILED."""
+def failure(status: Any) -> str | None:
+    """The traces of a connector status (GET /connectors/NAME/status) whose connector or
+    any task FAILED, joined and cut to 2,000 characters; None when nothing failed."""
+    states = [status["connector"]["state"]] + [t["state"] for t in status.get("tasks", [])]
+    if "FAILED" not in states:
+        return None
+    traces = [t.get("trace", "") for t in status.get("tasks", [])] + [status["connector"].get("trace", "")]
+    return (" ".join(t for t in traces if t) or "(no trace)")[:2000]
+
+
+def restart_failed(connect_url: str, name: str) -> None:
+    """Restart the parts of a connector that FAILED (connector and tasks alike).
+
+    Connect never restarts a failed task itself ("will not recover until manually
+    restarted"), and Debezium fails its task for good on errors it does not classify as
+    retriable: PostgreSQL exiting while the task starts ("terminating connection due to
+    unexpected postmaster exit"), a failover, a slot still held by the previous task."""
+    _request(f"{connect_url}/connectors/{name}/restart?includeTasks=true&onlyFailed=true", method="POST")
+
+
+def heal(connect_url: str, name: str) -> str | None:
+    """Restart the connector's failed parts if it has any; what had failed (None: nothing)."""
+    failed = failure(_request(f"{connect_url}/connectors/{name}/status"))
+    if failed is not None:
+        log.warning("connector %s had failed, restarting it: %s", name, failed[:500])
+        restart_failed(connect_url, name)
+    return failed
+
+
+# After a restart Connect may still report the old FAILED state for a moment: the next look
+# comes this much later, so one failure is not restarted twice.
+RESTART_SETTLE_SECONDS = 2.0
+
+
+def wait_running(connect_url: str, name: str, timeout: float = 60, *, restarts: int = 3) -> None:
+    """Block until the connector and its task report RUNNING. A part that FAILED is
+    restarted up to ``restarts`` times (a start that raced a database restart succeeds on
+    the next try); after that the failure is raised with its trace."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -254,10 +293,16 @@ def wait_running(connect_url: str, name: str, timeout: float = 60) -> None:
         except ConnectError:
             time.sleep(0.3)
             continue
+        failed = failure(last)
+        if failed is not None:
+            if restarts <= 0:
+                raise ConnectError(f"connector {name} failed: {failed}")
+            restarts -= 1
+            log.warning("connector %s failed, restarting it (%d more tries): %s", name, restarts, failed[:500])
+            restart_failed(connect_url, name)
+            time.sleep(RESTART_SETTLE_SECONDS)
+            continue
         states = [last["connector"]["state"]] + [t["state"] for t in last.get("tasks", [])]
-        if "FAILED" in states:
-            traces = [t.get("trace", "") for t in last.get("tasks", [])] + [last["connector"].get("trace", "")]
-            raise ConnectError(f"connector {name} failed: " + " ".join(t for t in traces if t)[:2000])
         if last.get("tasks") and all(s == "RUNNING" for s in states):
             return
         time.sleep(0.3)

@@ -57,6 +57,11 @@ RECORDS_UNAUTHORIZED = Counter(
     "(flotilla.provenance), by record type and why.",
     ["consumer", "type", "refusal"],
 )
+CONNECTOR_RESTARTS = Counter(
+    "flotilla_outbox_connector_restarts_total",
+    "Times a service found its outbox connector (or its task) FAILED in Kafka Connect and restarted it.",
+    ["service"],
+)
 LOOP_DROPS = Counter("flotilla_loop_drops_total", "Records dropped because their hop budget was spent.", ["consumer"])
 STALE_TRANSITIONS = Counter(
     "flotilla_stale_transitions_total",

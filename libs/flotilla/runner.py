@@ -5,8 +5,9 @@ it consumes, a factory for its handlers, its migrations, its periodic tasks and 
 routes — and calls :func:`start`. ``start`` makes the database ready to publish (outbox
 table and Debezium connector), applies the runtime's and the service's migrations,
 serves ``/healthz``, ``/readyz`` and ``/metrics`` plus the service's routes, runs the
-periodic tasks on a thread, and runs the consumer loop on the main thread until
-SIGTERM, finishing the batch in hand.
+periodic tasks on a thread (its own, the retention pruner, and the keeper that restarts
+its outbox connector when Connect reports it FAILED), and runs the consumer loop on the
+main thread until SIGTERM, finishing the batch in hand.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 from fastapi import FastAPI
 from psycopg_pool import ConnectionPool
 
-from flotilla import consumer, metrics, tracing
+from flotilla import connectors, consumer, metrics, tracing
 from flotilla.authority import Signer, required_signer
 from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
 from flotilla.connectors import ConnectError
@@ -278,6 +279,33 @@ def _start_retention(ctx: ServiceContext) -> threading.Thread:
     return thread
 
 
+def keep_outbox_connector(ctx: ServiceContext) -> None:
+    """Restart this service's outbox connector if it FAILED: its rows would otherwise wait
+    in the outbox until someone restarts it by hand. Connect not answering is the stack's
+    problem, not this task's: logged briefly, asked again next tick."""
+    name = connectors.connector_name(ctx.spec.database)
+    try:
+        failed = connectors.heal(ctx.settings.connect_url, name)
+    except (ConnectError, OSError) as exc:
+        log.info("outbox connector %s: Kafka Connect did not answer (%s)", name, exc)
+        return
+    if failed is not None:
+        metrics.CONNECTOR_RESTARTS.labels(ctx.spec.name).inc()
+
+
+def _start_connector_keeper(ctx: ServiceContext) -> list[threading.Thread]:
+    if not ctx.spec.publishes:
+        return []
+    thread = threading.Thread(
+        target=_run_periodic,
+        args=(ctx, ctx.settings.connector_check_seconds, keep_outbox_connector),
+        name="connector-keeper",
+        daemon=True,
+    )
+    thread.start()
+    return [thread]
+
+
 def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
     """Run ``spec`` until SIGTERM/SIGINT (blocking)."""
     settings = settings or ServiceSettings.load(service_name=spec.name, service_database=spec.database)
@@ -297,7 +325,7 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
         if spec.routes is not None:
             spec.routes(app, ctx)
         server = serve_http(app, settings.http_host, settings.http_port)
-    threads = [*start_periodic(ctx), _start_retention(ctx)]
+    threads = [*start_periodic(ctx), _start_retention(ctx), *_start_connector_keeper(ctx)]
     log.info("%s started (topics: %s, http: %s)", spec.name, ", ".join(spec.topics) or "-", settings.http_port or "-")
     try:
         if loop is not None:

@@ -189,6 +189,10 @@ class ServiceSettings(StackSettings):
     outbox_retention_hours: float = Field(24.0, gt=0)
     dedupe_margin_hours: float = Field(24.0, gt=0)
     retention_interval_seconds: float = Field(300.0, gt=0)
+    # How often a publishing service looks at its outbox connector and restarts what
+    # FAILED (Connect never does): rows wait in the outbox at most about this long after
+    # a database restart has failed the connector's task.
+    connector_check_seconds: float = Field(10.0, gt=0)
     # How long a starting service waits for PostgreSQL and Kafka Connect to answer before
     # it gives up (exit 1). Waiting in the process, not crash-looping: a supervisor's or
     # Kubernetes' restart back-off would keep it down long after they are back.

@@ -304,3 +304,60 @@ def test_a_connect_that_cannot_answer_is_not_taken_for_a_missing_connector(
     with pytest.raises(connectors.ConnectError) as caught:
         connectors.register_connector("http://connect", "outbox-flotilla-health", config)
     assert caught.value.transient
+
+
+TYPE_REGISTRY_FAILED = "io.debezium.DebeziumException: Failed to create TypeRegistry"
+
+
+def connect_status(*task_states: str, trace: str = TYPE_REGISTRY_FAILED) -> dict:
+    tasks = [{"id": i, "state": s, **({"trace": trace} if s == "FAILED" else {})} for i, s in enumerate(task_states)]
+    return {"connector": {"state": "RUNNING"}, "tasks": tasks}
+
+
+class ScriptedConnect:
+    """Connect's status answers in order (the last one repeats); restarts recorded."""
+
+    def __init__(self, *answers: dict) -> None:
+        self.answers = list(answers)
+        self.restarts: list[str] = []
+
+    def __call__(self, url: str, method: str = "GET", body: object | None = None) -> object:
+        if method == "POST":
+            self.restarts.append(url)
+            return None
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_a_failed_task_is_restarted_at_start_and_the_wait_ends_when_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    connect = ScriptedConnect(connect_status("FAILED"), connect_status("RESTARTING"), connect_status("RUNNING"))
+    monkeypatch.setattr(connectors, "_request", connect)
+    monkeypatch.setattr(connectors, "RESTART_SETTLE_SECONDS", 0)
+    connectors.wait_running("http://connect", "outbox-flotilla-health", timeout=5)
+    assert connect.restarts == [
+        "http://connect/connectors/outbox-flotilla-health/restart?includeTasks=true&onlyFailed=true"
+    ]
+
+
+def test_a_task_that_fails_after_every_restart_is_raised_with_its_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    connect = ScriptedConnect(connect_status("FAILED", trace="PSQLException: slot is active"))
+    monkeypatch.setattr(connectors, "_request", connect)
+    monkeypatch.setattr(connectors, "RESTART_SETTLE_SECONDS", 0)
+    with pytest.raises(connectors.ConnectError, match="outbox-flotilla-health failed: PSQLException: slot is active"):
+        connectors.wait_running("http://connect", "outbox-flotilla-health", timeout=5, restarts=2)
+    assert len(connect.restarts) == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "restarted"),
+    [(connect_status("RUNNING"), False), (connect_status("UNASSIGNED"), False), (connect_status("FAILED"), True)],
+)
+def test_heal_restarts_only_what_failed(monkeypatch: pytest.MonkeyPatch, answer: dict, restarted: bool) -> None:
+    connect = ScriptedConnect(answer)
+    monkeypatch.setattr(connectors, "_request", connect)
+    failed = connectors.heal("http://connect", "outbox-flotilla-health")
+    assert (failed is not None) == restarted == bool(connect.restarts)
+
+
+def test_a_failed_connector_itself_counts_as_failed() -> None:
+    status = {"connector": {"state": "FAILED", "trace": "ConnectException: bad"}, "tasks": []}
+    assert connectors.failure(status) == "ConnectException: bad"
