@@ -56,6 +56,21 @@ def by_event_id(event_id: str) -> Callable[[Message], bool]:
     return lambda msg: header(msg, "ce_id") == event_id.encode()
 
 
+def wait_visible(admin: AdminClient, topics: list[str], timeout: float = 15) -> None:
+    """Until the broker's metadata has every topic with its partitions. A create is answered
+    once the controller has committed it; the broker applies it a moment later, and until
+    then a describe of its configs says UNKNOWN_TOPIC_OR_PART (seen under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = admin.list_topics(timeout=5).topics
+        missing = [t for t in topics if t not in listed or listed[t].error is not None or not listed[t].partitions]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topics {missing} not in the broker's metadata {timeout:.0f} s after their creation")
+        time.sleep(0.2)
+
+
 @contextmanager
 def fresh_topic(bootstrap: str, prefix: str, partitions: int = 1) -> Iterator[str]:
     """A new topic named ``<prefix>-<random>`` and its DLQ (one partition), deleted afterwards."""
@@ -63,6 +78,7 @@ def fresh_topic(bootstrap: str, prefix: str, partitions: int = 1) -> Iterator[st
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(name, partitions, 1), NewTopic(f"{name}.dlq", 1, 1)]).values():
         future.result(15)
+    wait_visible(admin, [name, f"{name}.dlq"])
     try:
         yield name
     finally:

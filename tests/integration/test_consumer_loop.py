@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from flotilla_ops.samples import SERVICE_LATENCY_INCREASED, latency_fact, sample_value
 
 from flotilla import deadletter
@@ -33,7 +33,7 @@ from flotilla.workflow import Budgets
 from tests.support.databases import migrated_database
 from tests.support.producing import ordered_producer
 
-from .kafka_wait import wait_for
+from .kafka_wait import fresh_topic, wait_for
 from .loop_worker import DIAGNOSIS_REQUESTED, build_loop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,14 +50,8 @@ def database(stack: StackSettings) -> str:
 @pytest.fixture()
 def topic(stack: StackSettings) -> Iterator[str]:
     """A fresh input topic (3 partitions) and its DLQ, deleted afterwards."""
-    name = f"it-loop-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    for fut in admin.create_topics(
-        [NewTopic(name, num_partitions=3, replication_factor=1), NewTopic(f"{name}.dlq", 1, 1)]
-    ).values():
-        fut.result(15)
-    yield name
-    admin.delete_topics([name, f"{name}.dlq"])
+    with fresh_topic(stack.kafka_bootstrap, "it-loop", partitions=3) as name:
+        yield name
 
 
 def produce(stack: StackSettings, topic: str, records: list[tuple[str, bytes | None, list[tuple[str, bytes]]]]) -> None:
