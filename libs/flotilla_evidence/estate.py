@@ -286,6 +286,10 @@ class PrometheusEvidence:
         namespace = (declared.namespace if declared else None) or self.namespaces.get(environment, environment)
         return namespace, declared.deployment if declared else name
 
+    def deployment_of(self, environment: str, name: str) -> tuple[str, str]:
+        """(namespace, Deployment) that runs a service (the catalogue's, else by name)."""
+        return self._deployment((environment, name))
+
     def _replicas(self, services: Iterable[Key]) -> dict[Key, int]:
         """Replicas of each service's Deployment, where Prometheus has a count."""
         deployments = {self._deployment(k): k for k in services}  # (namespace, Deployment) -> service

@@ -39,6 +39,10 @@ class ServiceView:
     failover_targets: Mapping[str, str] = field(default_factory=dict)
     active_dependencies: Mapping[str, str] = field(default_factory=dict)
     revision_changed_at: datetime | None = None
+    # Where the Kubernetes API is a source (flotilla_evidence.kubernetes): the replicas
+    # ready for traffic, and the Deployment's recent events ("reason: message").
+    available_replicas: int | None = None
+    events: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -61,6 +65,8 @@ class ServiceView:
             "revisionChangedAt": None if self.revision_changed_at is None else self.revision_changed_at.isoformat(),
             "failoverTargets": dict(self.failover_targets),
             "activeDependencies": dict(self.active_dependencies),
+            "availableReplicas": self.available_replicas,
+            "recentEvents": list(self.events),
         }
 
 

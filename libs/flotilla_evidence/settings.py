@@ -13,11 +13,14 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from flotilla import ServiceSettings
+from flotilla_evidence.base import EvidenceSource
 from flotilla_evidence.catalogue import Catalogue, load_catalogue
 from flotilla_evidence.estate import Graph, PrometheusEvidence
+from flotilla_evidence.kubernetes import KubernetesApi, KubernetesEvidence
 from flotilla_evidence.prometheus import Credentials, PrometheusClient
 from flotilla_evidence.queries import DEFAULTS, Labels, Queries
 
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -77,6 +80,12 @@ class EvidenceSettings(ServiceSettings):
     estate_default_environment: str = "production"  # for series without an environment label
     # Environment -> Kubernetes namespace (the executor's setting of the same name).
     kubernetes_namespaces: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # The Kubernetes API as one more source (flotilla_evidence.kubernetes): replicas,
+    # rollouts and events of each service's Deployment, read with the pod's own token.
+    kubernetes_evidence: bool = False
+    kubernetes_api_url: str = "https://kubernetes.default.svc"
+    kubernetes_token_file: Path = SERVICE_ACCOUNT / "token"
+    kubernetes_ca_file: Path | None = SERVICE_ACCOUNT / "ca.crt"
 
     @field_validator("kubernetes_namespaces", mode="before")
     @classmethod
@@ -91,7 +100,7 @@ class EvidenceSettings(ServiceSettings):
         promql_seconds(value)
         return value
 
-    @field_validator("estate_catalogue_file", "prometheus_ca_file", mode="before")
+    @field_validator("estate_catalogue_file", "prometheus_ca_file", "kubernetes_ca_file", mode="before")
     @classmethod
     def _blank_path(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -138,3 +147,19 @@ class EvidenceSettings(ServiceSettings):
             lookback=timedelta(seconds=self.evidence_lookback_seconds),
             step=timedelta(seconds=self.evidence_step_seconds),
         )
+
+    def workload_evidence(self) -> EvidenceSource:
+        """:meth:`evidence`, with each Deployment's replicas, rollouts and events from the
+        Kubernetes API when ``FLOTILLA_KUBERNETES_EVIDENCE`` is on (the diagnostic agent's)."""
+        evidence = self.evidence()
+        if not self.kubernetes_evidence:
+            return evidence
+        try:
+            token = self.kubernetes_token_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(
+                f"FLOTILLA_KUBERNETES_EVIDENCE is on but FLOTILLA_KUBERNETES_TOKEN_FILE ({self.kubernetes_token_file}) "
+                f"cannot be read: {exc}"
+            ) from exc
+        api = KubernetesApi(self.kubernetes_api_url, token, ca_file=self.kubernetes_ca_file)
+        return KubernetesEvidence(evidence, api, evidence.deployment_of)

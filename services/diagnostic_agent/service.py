@@ -25,7 +25,7 @@ def build_agent(
     agent = DiagnosticAgent(
         settings,
         reasoner or make_reasoner(settings),
-        evidence or settings.evidence(),
+        evidence or settings.workload_evidence(),
     )
 
     def finish_due_jobs(ctx: ServiceContext) -> None:
