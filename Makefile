@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-k8s test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -95,8 +95,9 @@ browser: ## Debian's chromium for the web console's browser test (installed when
 
 check: lint test-unit ## The fast lane: lint and the unit tests, no stack (what pre-commit runs, and CI first)
 
-test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, the model lane, and a short chaos soak
+test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, the Kubernetes lane, the model lane, and a short chaos soak
 	$(VENV)/bin/pytest tests/integration tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/k8s $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/model -s $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/chaos -s $(PYTEST_ARGS)
 
@@ -105,6 +106,9 @@ test-unit: $(STAMP) ## Only the fast unit tests (no stack)
 
 test-model: $(STAMP) ## Only the model lane: incidents and the evaluation suite through the local model server (built on first use)
 	$(VENV)/bin/pytest tests/model -s $(PYTEST_ARGS)
+
+test-k8s: $(STAMP) ## Only the Kubernetes lane: manifests, RBAC, the executor's target, the Kubernetes evidence on a real API server (built on first use)
+	$(VENV)/bin/pytest tests/k8s $(PYTEST_ARGS)
 
 test-integration: $(STAMP) ## Only the tests on the real stack
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""Shared test configuration: tests under integration/, e2e/ and chaos/ are marked by path."""
+"""Shared test configuration: tests under integration/, e2e/, chaos/, model/ and k8s/ are marked by path."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.chaos)
         if "model" in parts and parts[1] == "model":
             item.add_marker(pytest.mark.model)
+        if parts[1] == "k8s":
+            item.add_marker(pytest.mark.k8s)
 
 
 @pytest.fixture()

@@ -1226,7 +1226,8 @@ def test_each_address_a_pod_is_given_is_where_its_egress_goes(
             workload
         )
     if overlay == "production":
-        # The API server by address only (a placeholder to edit), and for the executor alone.
+        # The API server by address only (a placeholder to edit), and for the two members
+        # that hold a token: the executor and the diagnostic agent (its Deployment reader).
         (policy,) = [
             p
             for p in of_kind(objects, "NetworkPolicy")
@@ -1234,7 +1235,11 @@ def test_each_address_a_pod_is_given_is_where_its_egress_goes(
             for peer in rule["to"]
             if "ipBlock" in peer
         ]
-        assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "executor"}}
+        assert policy["spec"]["podSelector"] == {
+            "matchExpressions": [
+                {"key": "app.kubernetes.io/name", "operator": "In", "values": ["executor", "diagnostic-agent"]}
+            ]
+        }
         assert {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]} == {443, 6443}
 
 
@@ -1261,7 +1266,7 @@ def test_each_environment_is_served_from_its_own_namespace(overlay: str, objects
     assert fleet_namespace not in served.values(), "the executor must not act on the fleet's own Deployments"
 
 
-def test_only_the_production_executor_talks_to_the_kubernetes_api(
+def test_only_the_production_executor_and_diagnostic_agent_talk_to_the_kubernetes_api(
     overlay: str, objects: tuple[dict[str, Any], ...]
 ) -> None:
     for sa in of_kind(objects, "ServiceAccount"):
@@ -1270,13 +1275,17 @@ def test_only_the_production_executor_talks_to_the_kubernetes_api(
         member_of(w) for w in workloads(objects) if w["spec"]["template"]["spec"]["automountServiceAccountToken"]
     ]
     roles, bindings = of_kind(objects, "Role"), of_kind(objects, "RoleBinding")
+    readers = [r for r in roles + bindings if r["metadata"]["labels"]["app.kubernetes.io/name"] == "diagnostic-agent"]
     assert of_kind(objects, "ClusterRole") == [] and of_kind(objects, "ClusterRoleBinding") == []
     if overlay == "dev":
         assert automounted == [] and roles == [] and bindings == []
         return
-    assert automounted == ["executor"]
+    assert sorted(automounted) == ["diagnostic-agent", "executor"]
     served = _served_namespaces(objects)
     assert served is not None
+    _assert_read_only(objects, readers, served)
+    roles = [r for r in roles if r not in readers]
+    bindings = [b for b in bindings if b not in readers]
     # Exactly one Role and one RoleBinding in each served namespace, and none anywhere else:
     # the executor may patch the Deployments of the environments it serves, nothing more.
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(served.values())
@@ -1303,3 +1312,24 @@ def test_only_the_production_executor_talks_to_the_kubernetes_api(
             "kind": "Role",
             "name": role["metadata"]["name"],
         }
+
+
+def _assert_read_only(objects: tuple[dict[str, Any], ...], readers: list[dict[str, Any]], served: Any) -> None:
+    """The diagnostic agent's Role (flotilla_evidence.kubernetes): in each namespace it reads
+    (the executor's, the same estate), get Deployments and list their ReplicaSets and events."""
+    diagnostic = configmap_data(objects, _configmap_of(objects, "diagnostic-agent"))
+    assert json.loads(diagnostic["FLOTILLA_KUBERNETES_NAMESPACES"]) == dict(served)
+    assert diagnostic["FLOTILLA_KUBERNETES_EVIDENCE"] == "true"
+    fleet_namespace = named(objects, "Deployment", "diagnostic-agent")["metadata"]["namespace"]
+    for namespace in served.values():
+        (role,) = [r for r in readers if r["kind"] == "Role" and r["metadata"]["namespace"] == namespace]
+        (binding,) = [b for b in readers if b["kind"] == "RoleBinding" and b["metadata"]["namespace"] == namespace]
+        rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
+        assert rules == {
+            ("apps", "deployments", ("get",)),
+            ("apps", "replicasets", ("list",)),
+            ("", "events", ("list",)),
+        }, ident(role)
+        subject = {"kind": "ServiceAccount", "name": "diagnostic-agent", "namespace": fleet_namespace}
+        assert binding["subjects"] == [subject]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -1,0 +1,93 @@
+"""The diagnostic agent's Kubernetes evidence, read with its own token from a real API server.
+
+The controller manager turns each change of a Deployment's pod template into a new
+ReplicaSet revision and records ``ScalingReplicaSet`` events: exactly what a rollout
+leaves on a cluster, and what ``KubernetesEvidence`` reports as a recent rollout.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from flotilla_evidence import EvidenceUnavailable, StaticEvidence
+from flotilla_evidence.kubernetes import KubernetesApi, KubernetesEvidence, by_namespace
+from flotilla_evidence.model import ServiceView, Topology
+
+from .conftest import FLEET_NAMESPACE, MERGE, TARGET_NAMESPACE, Cluster, apps, deployment
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture()
+def shop(production: Cluster) -> Iterator[str]:
+    name = f"shop-{uuid.uuid4().hex[:8]}"
+    with production.client() as api:
+        assert api.post(apps(), json=deployment(name, replicas=3)).status_code == 201
+    yield name
+    with production.client() as api:
+        api.delete(apps(f"/{name}"))
+
+
+def metrics_say(name: str) -> StaticEvidence:
+    """What Prometheus would report: latency, and no replica count (no kube-state-metrics)."""
+    view = ServiceView(name=name, environment="production", replicas=None, p95_ms=1800.0, threshold_ms=500.0)
+    return StaticEvidence(Topology(services={name: view}))
+
+
+def evidence(cluster: Cluster, name: str) -> KubernetesEvidence:
+    token = cluster.token_for("diagnostic-agent", FLEET_NAMESPACE)
+    api = KubernetesApi(cluster.url, token, ca_file=cluster.ca)
+    return KubernetesEvidence(metrics_say(name), api, by_namespace({"production": TARGET_NAMESPACE}))
+
+
+def until(check: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the controller manager did not get there"
+        time.sleep(0.5)
+
+
+def test_a_rollout_is_seen_with_both_revisions_and_the_controllers_events(production: Cluster, shop: str) -> None:
+    source = evidence(production, shop)
+    # until the controller manager has made the first ReplicaSet (before that, the source
+    # reports the pod template's images without a revision)
+    until(lambda: "(revision 1)" in (source.snapshot(shop, environment="production").services[shop].revision or ""))
+    before = source.snapshot(shop, environment="production").services[shop]
+    assert before.replicas == 3 and before.previous_revision is None
+    assert before.revision == "registry.example.com/app:1 (revision 1)"
+    assert before.revision_changed_at is None  # the only revision: no rollout to speak of
+    assert before.available_replicas == 0  # no kubelet: pods are never ready
+
+    with production.client() as admin:  # a deploy: the image changes
+        container = {"name": "app", "image": "registry.example.com/app:2"}
+        image = {"spec": {"template": {"spec": {"containers": [container]}}}}
+        assert admin.patch(apps(f"/{shop}"), json=image, headers=MERGE).status_code == 200
+    until(lambda: source.snapshot(shop, environment="production").services[shop].previous_revision is not None)
+    after = source.snapshot(shop, environment="production").services[shop]
+    assert after.revision == "registry.example.com/app:2 (revision 2)"
+    assert after.previous_revision == "registry.example.com/app:1 (revision 1)"
+    assert after.revision_changed_at is not None  # when revision 2's ReplicaSet appeared
+
+    # Events are written asynchronously (the controller's event broadcaster batches them).
+    def scaled() -> bool:
+        events = source.snapshot(shop, environment="production").services[shop].events
+        return any(e.startswith("ScalingReplicaSet: Scaled up replica set") for e in events)
+
+    until(scaled)
+    assert after.p95_ms == 1800.0  # the metrics' part untouched
+
+
+def test_a_service_without_a_deployment_keeps_what_the_metrics_said(production: Cluster) -> None:
+    view = evidence(production, "no-such-shop").snapshot("no-such-shop", environment="production")
+    assert view.services["no-such-shop"] == metrics_say("no-such-shop").topology.services["no-such-shop"]
+
+
+def test_a_token_without_the_role_makes_the_evidence_unavailable(production: Cluster, shop: str) -> None:
+    token = production.token_for("health-agent", FLEET_NAMESPACE)
+    api = KubernetesApi(production.url, token, ca_file=production.ca)
+    source = KubernetesEvidence(metrics_say(shop), api, by_namespace({"production": TARGET_NAMESPACE}))
+    with pytest.raises(EvidenceUnavailable, match="HTTP 403"):
+        source.snapshot(shop, environment="production")

@@ -1,0 +1,120 @@
+"""RBAC as deployed: the production overlay applied for real, then each member's own token.
+
+The executor's ServiceAccount may do exactly what ``KubernetesTarget`` calls
+(infra/k8s/overlays/production/executor-rbac.yaml) in the namespace it serves, and gets
+403 on everything else; the diagnostic agent's may read exactly what
+``KubernetesEvidence`` reads (diagnostic-rbac.yaml), and write nothing. They are the two
+members whose pods mount a token. Every other member's ServiceAccount may do nothing at
+all with the API: a token requested for it (as anyone who can create pods under it
+could) reads and writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import FLEET_NAMESPACE, MERGE, TARGET_NAMESPACE, Cluster, apps, deployment
+
+pytestmark = pytest.mark.timeout(300)
+
+RBAC = "rbac.authorization.k8s.io/v1"
+ADMIN_BINDING = {
+    "metadata": {"name": "x"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+    "subjects": [{"kind": "ServiceAccount", "name": "executor", "namespace": FLEET_NAMESPACE}],
+}
+ANNOTATE = {"metadata": {"annotations": {"flotilla.dev/probe": "1"}}}
+
+# (what, method, url, body): every call KubernetesTarget makes (services/executor/targets.py)
+EXECUTOR_NEEDS = [
+    ("get a deployment", "GET", apps("/checkout-api"), None),
+    ("list deployments (lookup)", "GET", apps(), None),
+    ("patch a deployment (claim, record, restart)", "PATCH", apps("/checkout-api"), ANNOTATE),
+    ("patch the scale", "PATCH", apps("/checkout-api/scale"), {"spec": {"replicas": 1}}),
+]
+
+# Everything else a compromised executor might try.
+NOT_FOR_ANYONE = [
+    ("read a secret in the target namespace", "GET", f"/api/v1/namespaces/{TARGET_NAMESPACE}/secrets/database", None),
+    ("list secrets in the target namespace", "GET", f"/api/v1/namespaces/{TARGET_NAMESPACE}/secrets", None),
+    ("read secrets of its own namespace", "GET", f"/api/v1/namespaces/{FLEET_NAMESPACE}/secrets", None),
+    ("get a deployment of another namespace", "GET", apps("/checkout-api", "elsewhere"), None),
+    ("list deployments of another namespace", "GET", apps(namespace="elsewhere"), None),
+    ("patch a deployment of another namespace", "PATCH", apps("/checkout-api", "elsewhere"), ANNOTATE),
+    ("scale in another namespace", "PATCH", apps("/checkout-api/scale", "elsewhere"), {"spec": {"replicas": 9}}),
+    ("scale its own fleet", "PATCH", apps("/checkout-api/scale", FLEET_NAMESPACE), {"spec": {"replicas": 0}}),
+    ("create a deployment", "POST", apps(), {**deployment("miner")}),
+    ("replace a deployment (update)", "PUT", apps("/checkout-api"), None),
+    ("delete a deployment", "DELETE", apps("/checkout-api"), None),
+    ("delete every deployment", "DELETE", apps(), None),
+    ("read the scale subresource", "GET", apps("/checkout-api/scale"), None),
+    ("list replicasets", "GET", f"/apis/apps/v1/namespaces/{TARGET_NAMESPACE}/replicasets", None),
+    ("list pods", "GET", f"/api/v1/namespaces/{TARGET_NAMESPACE}/pods", None),
+    ("exec into a pod", "POST", f"/api/v1/namespaces/{TARGET_NAMESPACE}/pods/x/exec", None),
+    ("list namespaces", "GET", "/api/v1/namespaces", None),
+    ("grant itself a role", "POST", f"/apis/{RBAC}/namespaces/{TARGET_NAMESPACE}/rolebindings", ADMIN_BINDING),
+]
+
+
+def call(cluster: Cluster, token: str, method: str, url: str, body: Any) -> int:
+    with cluster.client(token) as api:
+        if method == "PATCH":
+            return api.patch(url, json=body, headers=MERGE).status_code
+        if method == "PUT":
+            with cluster.client() as admin:
+                body = admin.get(url).json()  # the current object, as a real update would send
+        return api.request(method, url, json=body).status_code
+
+
+def test_the_executor_can_do_what_kubernetes_target_needs(production: Cluster) -> None:
+    token = production.token_for("executor", FLEET_NAMESPACE)
+    answers = {what: call(production, token, method, url, body) for what, method, url, body in EXECUTOR_NEEDS}
+    assert answers == {what: 200 for what, *_ in EXECUTOR_NEEDS}
+
+
+def test_the_executor_gets_403_on_everything_else(production: Cluster) -> None:
+    token = production.token_for("executor", FLEET_NAMESPACE)
+    answers = {what: call(production, token, method, url, body) for what, method, url, body in NOT_FOR_ANYONE}
+    assert answers == {what: 403 for what, *_ in NOT_FOR_ANYONE}
+
+
+def test_only_the_executor_and_the_diagnostic_agent_mount_a_token(production: Cluster) -> None:
+    mounted = set()
+    for obj in production.render("overlays/production"):
+        if obj["kind"] in ("Deployment", "Job"):
+            spec = obj["spec"]["template"]["spec"]
+            if spec.get("automountServiceAccountToken", True):
+                mounted.add(spec.get("serviceAccountName", "default"))
+    assert mounted == {"executor", "diagnostic-agent"}
+
+
+@pytest.mark.parametrize(
+    "member",
+    ["health-agent", "remediation-agent", "policy-service", "audit", "dlq-reconciler", "console"],
+)
+def test_every_other_member_can_do_nothing(production: Cluster, member: str) -> None:
+    token = production.token_for(member, FLEET_NAMESPACE)
+    tried = NOT_FOR_ANYONE + EXECUTOR_NEEDS
+    answers = {what: call(production, token, method, url, body) for what, method, url, body in tried}
+    assert answers == {what: 403 for what, *_ in tried}
+
+
+# Every call KubernetesEvidence makes (libs/flotilla_evidence/kubernetes.py)
+DIAGNOSTIC_NEEDS = [
+    ("get a deployment", "GET", apps("/checkout-api"), None),
+    ("list replicasets", "GET", f"/apis/apps/v1/namespaces/{TARGET_NAMESPACE}/replicasets", None),
+    ("list events", "GET", f"/api/v1/namespaces/{TARGET_NAMESPACE}/events", None),
+]
+
+
+def test_the_diagnostic_agent_reads_deployments_and_writes_nothing(production: Cluster) -> None:
+    token = production.token_for("diagnostic-agent", FLEET_NAMESPACE)
+    allowed = {what: call(production, token, method, url, body) for what, method, url, body in DIAGNOSTIC_NEEDS}
+    assert allowed == {what: 200 for what, *_ in DIAGNOSTIC_NEEDS}
+    writes = [t for t in EXECUTOR_NEEDS if t[0] != "get a deployment"] + [
+        t for t in NOT_FOR_ANYONE if t[0] not in ("list replicasets",)
+    ]
+    denied = {what: call(production, token, method, url, body) for what, method, url, body in writes}
+    assert denied == {what: 403 for what, *_ in writes}
