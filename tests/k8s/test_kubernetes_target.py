@@ -214,6 +214,9 @@ def test_a_restart_whose_answer_was_lost_is_found_by_lookup(
         if request.method == "PATCH":
             raise httpx.ReadError("connection reset after the write", request=request)
 
+    # The first revision exists before the restart (a controller that has not synced the
+    # new Deployment yet would make one ReplicaSet of the restarted template, not two).
+    assert len(replica_sets(production, name)) == 1
     key = f"k-{uuid.uuid4()}"
     with hooked(production, executor_token, answer_lost) as k8s, pytest.raises(TargetUnavailable):
         k8s.apply("restart", f"{ENVIRONMENT}/{name}", {"rolling": True}, key, 5, "executor-0")
