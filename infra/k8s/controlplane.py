@@ -141,8 +141,15 @@ def go_mod(kubernetes_gomod: str) -> str:
     )
 
 
+def _go_env() -> dict[str, str]:
+    """The caller's Go settings, plus: resolve our scratch module's requirements as needed
+    (it has no go.sum of its own) and stamp no VCS data (it lives inside this repository)."""
+    flags = os.environ.get("GOFLAGS", "").split()
+    return {**os.environ, "GOFLAGS": " ".join([*flags, "-mod=mod", "-buildvcs=false"])}
+
+
 def _go(args: list[str], cwd: Path, log: Path) -> None:
-    env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+    env = {**_go_env(), "CGO_ENABLED": "0"}
     with log.open("a") as out:
         out.write(f"$ go {' '.join(args)}\n")
         out.flush()
@@ -173,7 +180,7 @@ def build(paths: Paths = PATHS) -> float:
     (paths.src / "go.mod").write_text(
         f"module flotilla.local/probe\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes {KUBERNETES_VERSION}\n"
     )
-    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    env = _go_env()
     info = subprocess.run(
         ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
         cwd=paths.src,
