@@ -248,13 +248,23 @@ def delete_connector(connect_url: str, name: str) -> None:
 
 
 def failure(status: Any) -> str | None:
-    """The traces of a connector status (GET /connectors/NAME/status) whose connector or
-    any task FAILED, joined and cut to 2,000 characters; None when nothing failed."""
-    states = [status["connector"]["state"]] + [t["state"] for t in status.get("tasks", [])]
-    if "FAILED" not in states:
+    """Why a connector status (GET /connectors/NAME/status) has its connector or a task
+    FAILED, one line per failed part: each Java trace condensed to its exception and every
+    cause ("A: … <- B: … <- C: …"), cut to 2,000 characters; None when nothing failed.
+    The causes are the point: the last lines of a trace are frames of the driver."""
+    parts = [status["connector"], *status.get("tasks", [])]
+    if not any(part.get("state") == "FAILED" for part in parts):
         return None
-    traces = [t.get("trace", "") for t in status.get("tasks", [])] + [status["connector"].get("trace", "")]
-    return (" ".join(t for t in traces if t) or "(no trace)")[:2000]
+    reasons = [condensed(part.get("trace", "")) for part in parts if part.get("state") == "FAILED"]
+    return (" | ".join(r for r in reasons if r) or "(no trace)")[:2000]
+
+
+def condensed(trace: str) -> str:
+    """A Java stack trace as its first line and its "Caused by:" lines, innermost last."""
+    lines = [line.strip() for line in trace.splitlines()]
+    kept = [lines[0]] if lines else []
+    kept += [line.removeprefix("Caused by: ") for line in lines[1:] if line.startswith("Caused by: ")]
+    return " <- ".join(kept)
 
 
 def restart_failed(connect_url: str, name: str) -> None:

@@ -361,3 +361,26 @@ def test_heal_restarts_only_what_failed(monkeypatch: pytest.MonkeyPatch, answer:
 def test_a_failed_connector_itself_counts_as_failed() -> None:
     status = {"connector": {"state": "FAILED", "trace": "ConnectException: bad"}, "tasks": []}
     assert connectors.failure(status) == "ConnectException: bad"
+
+
+POSTMASTER_EXIT = "org.postgresql.util.PSQLException: FATAL: terminating connection due to unexpected postmaster exit"
+
+
+def test_a_failure_reads_as_its_causes_not_as_the_drivers_last_frames() -> None:
+    # What the CI chaos soak printed was the last three lines of this trace: three frames.
+    trace = "\n".join(
+        [
+            "io.debezium.DebeziumException: Failed to create TypeRegistry",
+            "\tat io.debezium.connector.postgresql.connection.PostgresConnection.createTypeRegistry(X.java:130)",
+            "Caused by: io.debezium.DebeziumException: Couldn't initialize type registry",
+            "\tat io.debezium.connector.postgresql.TypeRegistry.<init>(TypeRegistry.java:137)",
+            f"Caused by: {POSTMASTER_EXIT}",
+            "\tat org.postgresql.jdbc.PgStatement.execute(PgStatement.java:437)",
+        ]
+    )
+    status = {"connector": {"state": "RUNNING"}, "tasks": [{"id": 0, "state": "FAILED", "trace": trace}]}
+    assert connectors.failure(status) == (
+        "io.debezium.DebeziumException: Failed to create TypeRegistry"
+        " <- io.debezium.DebeziumException: Couldn't initialize type registry"
+        f" <- {POSTMASTER_EXIT}"
+    )
