@@ -98,7 +98,11 @@ def claim_many(conn: psycopg.Connection[Any], consumer: str, claims: Sequence[Cl
             [c.offset for c in claims],
         ),
     ).fetchall()
-    return {r[0] for r in rows}
+    fresh = {r[0] for r in rows}
+    if any(not isinstance(event_id, str) for event_id in fresh):
+        # Never "all duplicates" by a type mismatch: that would drop the batch silently.
+        raise TypeError(f"claimed event ids came back as {type(next(iter(fresh))).__name__}, not str")
+    return fresh
 
 
 def set_outcome(conn: psycopg.Connection[Any], consumer: str, event_id: str, outcome: str) -> None:

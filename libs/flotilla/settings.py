@@ -164,6 +164,10 @@ class StackSettings(BaseSettings):
             password=self.pg_password,
             dbname=database or self.pg_database,
             connect_timeout=5,
+            # Text as UTF-8, whatever the database's encoding: on a SQL_ASCII database psycopg
+            # would otherwise return every text column as bytes (and a claim's event ids
+            # would never equal the str ids they were claimed by).
+            client_encoding="UTF8",
         )
 
 

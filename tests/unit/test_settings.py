@@ -146,6 +146,7 @@ def test_pg_dsn_passes_any_password_as_it_is(monkeypatch: pytest.MonkeyPatch, pa
         "password": password,
         "dbname": "incidents",
         "connect_timeout": "5",
+        "client_encoding": "UTF8",
     }
 
 

@@ -15,7 +15,9 @@ if [ "$1" = postgres ] && [ ! -s "$PGDATA/PG_VERSION" ]; then
     database="${POSTGRES_DB:-$user}"
     password_file=$(mktemp)
     printf '%s' "$POSTGRES_PASSWORD" > "$password_file"
-    initdb --username="$user" --pwfile="$password_file" --auth-local=trust --auth-host=scram-sha-256 -D "$PGDATA"
+    # UTF-8, as the official image's en_US.utf8 locale gives (minbase has no locale: SQL_ASCII).
+    initdb --username="$user" --pwfile="$password_file" --auth-local=trust --auth-host=scram-sha-256 \
+        --encoding=UTF8 --locale=C.UTF-8 -D "$PGDATA"
     rm -f "$password_file"
     echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
     echo "listen_addresses = '*'" >> "$PGDATA/postgresql.conf"
