@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-k8s test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-k8s test-compose test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -109,6 +109,9 @@ test-model: $(STAMP) ## Only the model lane: incidents and the evaluation suite 
 
 test-k8s: $(STAMP) ## Only the Kubernetes lane: manifests, RBAC, the executor's target, the Kubernetes evidence on a real API server (built on first use)
 	$(VENV)/bin/pytest tests/k8s $(PYTEST_ARGS)
+
+test-compose: $(STAMP) ## Only the compose lane: docker compose up on a Docker engine (installed if missing), an incident approved with the CLI
+	$(VENV)/bin/pytest tests/compose -s $(PYTEST_ARGS)
 
 test-integration: $(STAMP) ## Only the tests on the real stack
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)

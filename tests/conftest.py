@@ -27,6 +27,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.model)
         if parts[1] == "k8s":
             item.add_marker(pytest.mark.k8s)
+        if parts[1] == "compose":
+            item.add_marker(pytest.mark.compose)
 
 
 @pytest.fixture()

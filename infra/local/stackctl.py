@@ -1377,7 +1377,9 @@ def status(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "reset", "status", "env", "pid", "model-up", "model-down"])
+    parser.add_argument(
+        "action", choices=["up", "down", "reset", "status", "env", "pid", "model-up", "model-down", "fetch"]
+    )
     parser.add_argument("component", nargs="?", help=f"with pid: one component ({', '.join(BY_NAME)})")
     parser.add_argument("--json", action="store_true", help="machine-readable status")
     args = parser.parse_args(argv)
@@ -1395,6 +1397,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "env":
             write_env_file()
             print(ENV_FILE)
+        elif args.action == "fetch":  # the JVM parts from Maven Central only (compose's stand-ins reuse them)
+            _fetch_dist()
         elif args.action == "pid":  # what the chaos soak SIGKILLs (supervisord starts it again)
             print(SUPERVISOR.ctl("pid", args.component or "all").strip())
         else:
