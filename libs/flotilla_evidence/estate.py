@@ -293,6 +293,8 @@ class PrometheusEvidence:
     def _replicas(self, services: Iterable[Key]) -> dict[Key, int]:
         """Replicas of each service's Deployment, where Prometheus has a count."""
         deployments = {self._deployment(k): k for k in services}  # (namespace, Deployment) -> service
+        if not deployments:  # no service in scope (no p95 yet): nothing to ask, not a query about none
+            return {}
         found = {}
         for r in self._query("replicas", deployments=sorted({d for _, d in deployments})):
             where = (r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, ""))

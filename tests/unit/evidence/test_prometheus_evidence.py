@@ -309,3 +309,10 @@ def test_an_unused_query_is_not_asked() -> None:
     evidence(api).snapshot("checkout-api", environment="production")
     assert not any(q == "" for q in api.asked)  # utilization is off by default
     assert timedelta(minutes=15) == evidence(api).lookback
+
+
+def test_a_whole_estate_with_no_reading_yet_is_empty_not_an_error() -> None:
+    # Prometheus just started (seen on the compose fleet): no p95 series at all. The replicas
+    # query must not be asked about "no service" (name_regex refuses that, rightly).
+    nothing = Scripted({}, {"target_info": [], "http_server_request_duration_seconds": []})
+    assert evidence(nothing).snapshot().services == {}
