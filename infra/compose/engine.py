@@ -23,6 +23,7 @@ images and are never part of the repository.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +43,11 @@ BASE = "flotilla-standin/debian:{suite}"
 SUITES = ("bookworm", "trixie")  # trixie for what needs Java 21 (Apicurio Registry 3)
 MIRROR = "http://deb.debian.org/debian"
 HOST_CAS = Path("/usr/local/share/ca-certificates")
+# Compose v2 from the Go module proxy: v5's client needs engine API 1.44, Debian bookworm's
+# docker.io speaks 1.41; bookworm's own docker-compose package is the old Python 1.29.
+COMPOSE_MODULE = "github.com/docker/compose/v2"
+COMPOSE_VERSION = "v2.40.3"
+PLUGINS = Path("/usr/local/lib/docker/cli-plugins")
 
 
 class EngineError(RuntimeError):
@@ -65,8 +71,9 @@ def engine_answers() -> bool:
 
 def up(timeout: float = 60) -> None:
     """Docker's CLI answering a running engine: Debian's docker.io installed and dockerd
-    started (as root, its log in .stack/docker) when there is none."""
+    started (as root, its log in .stack/docker) when there is none; and `docker compose`."""
     if engine_answers():
+        compose_plugin()
         return
     if shutil.which("dockerd") is None:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -81,6 +88,44 @@ def up(timeout: float = 60) -> None:
         if time.monotonic() > deadline:
             raise EngineError(f"dockerd did not answer within {timeout:.0f}s; read {ENGINE_HOME / 'dockerd.log'}")
         time.sleep(0.5)
+    compose_plugin()
+
+
+def compose_answers() -> bool:
+    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+
+
+def compose_plugin() -> None:
+    """The Compose v2 CLI plugin, built from the Go module proxy when `docker compose` is
+    missing. Built inside a copy of the downloaded module: `go install pkg@version` refuses
+    a module whose go.mod has an `exclude` block, as compose's has."""
+    if compose_answers():
+        return
+    env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false", "CGO_ENABLED": "0"}
+    with tempfile.TemporaryDirectory(prefix="flotilla-compose-") as work:
+        info = _run(
+            ["go", "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"],
+            what=f"go mod download {COMPOSE_MODULE}@{COMPOSE_VERSION}",
+            env={**env, "GOFLAGS": "-mod=mod"},
+        )
+        source = Path(work) / "compose"
+        shutil.copytree(json.loads(info)["Dir"], source)
+        for path in source.rglob("*"):  # the module cache is read-only
+            path.chmod(path.stat().st_mode | 0o200)
+        PLUGINS.mkdir(parents=True, exist_ok=True)
+        version = f"-X {COMPOSE_MODULE}/internal.Version={COMPOSE_VERSION}"
+        plugin = str(PLUGINS / "docker-compose")
+        done = subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags", f"-s -w {version}", "-o", plugin, "./cmd"],
+            cwd=source,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise EngineError(f"building docker compose {COMPOSE_VERSION} failed: {done.stderr[-500:]}")
+    if not compose_answers():
+        raise EngineError(f"docker compose does not answer after installing it in {PLUGINS}")
 
 
 def image_exists(tag: str) -> bool:
