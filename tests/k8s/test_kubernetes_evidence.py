@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from flotilla_evidence import EvidenceUnavailable, StaticEvidence
@@ -43,9 +43,9 @@ def evidence(cluster: Cluster, name: str) -> KubernetesEvidence:
     return KubernetesEvidence(metrics_say(name), api, by_namespace({"production": TARGET_NAMESPACE}))
 
 
-def until(check: object, timeout: float = 60) -> None:
+def until(check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, "the controller manager did not get there"
         time.sleep(0.5)
 
