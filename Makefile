@@ -95,11 +95,12 @@ browser: ## Debian's chromium for the web console's browser test (installed when
 
 check: lint test-unit ## The fast lane: lint and the unit tests, no stack (what pre-commit runs, and CI first)
 
-test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, the Kubernetes lane, the model lane, and a short chaos soak
+test: check browser test-transforms ## The fast lane first, then JUnit, every test on the real stack, the Kubernetes lane, the model lane, a short chaos soak, and the compose lane (it stops the local stack)
 	$(VENV)/bin/pytest tests/integration tests/e2e $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/k8s $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/model -s $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/chaos -s $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/compose -s $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## Only the fast unit tests (no stack)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

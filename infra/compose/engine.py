@@ -2,6 +2,7 @@
 
     python infra/compose/engine.py up        # install (Debian's docker.io) and start dockerd if needed
     python infra/compose/engine.py images    # the base and every stand-in image, built if missing
+    python infra/compose/engine.py prune     # remove the untagged leftovers of rebuilding them
     python infra/compose/engine.py clean     # remove the images this tool built, nothing else
 
 No image can be pulled here, so each official image the compose file names is replaced,
@@ -11,7 +12,9 @@ packages (PostgreSQL, Python, Java, curl), and the jars the local stack already 
 from Maven Central (``infra/local/pom.xml``). Each stand-in's Dockerfile
 (``infra/compose/standins/<name>``) says which of the official image's documented
 behaviours it reproduces. Every image this tool builds carries the label
-``dev.flotilla.standin``, and ``clean`` removes only those. Builds use the classic builder
+``dev.flotilla.standin`` and a digest of its recipe (``dev.flotilla.standin.recipe``):
+a stand-in is built again only when its recipe changed, and ``prune`` and ``clean`` remove
+only images with that label. Builds use the classic builder
 (``DOCKER_BUILDKIT=0``): BuildKit would fetch its Dockerfile frontend from Docker Hub.
 
 Where this machine's outbound TLS goes through a private CA (the host's
@@ -23,6 +26,7 @@ images and are never part of the repository.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -39,6 +43,7 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 STACK_HOME = Path(os.environ.get("FLOTILLA_STACK_HOME", REPO_ROOT / ".stack"))
 ENGINE_HOME = STACK_HOME / "docker"
 LABEL = "dev.flotilla.standin"
+RECIPE_LABEL = "dev.flotilla.standin.recipe"  # digest of what built it: rebuilt when that changes
 BASE = "flotilla-standin/debian:{suite}"
 SUITES = ("bookworm", "trixie")  # trixie for what needs Java 21 (Apicurio Registry 3)
 MIRROR = "http://deb.debian.org/debian"
@@ -204,9 +209,55 @@ def standins() -> list[StandIn]:
     ]
 
 
+def image_id(tag: str) -> str:
+    """The image's id, empty when there is none of that name."""
+    done = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def recipe(standin: StandIn, base_id: str) -> str:
+    """A digest of everything a stand-in is built from: its folder's files (content), the
+    names and sizes of the artifacts copied in (hashing 300 MB of jars at every run would
+    cost more than it saves; a new version changes names), and its base image's id."""
+    digest = hashlib.sha256(f"{standin.official}|{BASE.format(suite=standin.suite)}|{base_id}".encode())
+    for path in sorted((STANDINS / standin.folder).rglob("*")):
+        if path.is_file():
+            digest.update(f"{path.relative_to(STANDINS)}|{path.stat().st_mode & 0o111}".encode())
+            digest.update(path.read_bytes())
+    for source, name in standin.needs:
+        for path in sorted(source.rglob("*")) if source.exists() else []:
+            if path.is_file():
+                digest.update(f"{name}/{path.relative_to(source)}|{path.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+def labels(tag: str) -> dict[str, str] | None:
+    """The image's labels, or None when there is no image of that name."""
+    done = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout or "null") or {}
+
+
+def must_build(present: dict[str, str] | None, wanted: str, *, rebuild: bool = False) -> bool:
+    """Whether to build a stand-in whose image of that name has ``present`` labels (None:
+    there is none) and whose recipe digest is now ``wanted``. Never over an image that is
+    not ours."""
+    if present is None:
+        return True
+    if LABEL not in present:
+        return False
+    return rebuild or present.get(RECIPE_LABEL) != wanted
+
+
 def build(standin: StandIn, *, rebuild: bool = False) -> float:
-    """Build one stand-in under its official name unless it is there; seconds taken."""
-    if image_exists(standin.official) and not rebuild:
+    """Build one stand-in under its official name unless it is there and current; seconds
+    taken (0: kept). An image of that name that this tool did not build (a real official
+    image, pulled by someone) is used as it is and never replaced."""
+    wanted = recipe(standin, image_id(BASE.format(suite=standin.suite)))
+    if not must_build(labels(standin.official), wanted, rebuild=rebuild):
         return 0.0
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="flotilla-standin-") as context:
@@ -219,7 +270,7 @@ def build(standin: StandIn, *, rebuild: bool = False) -> float:
             shutil.copytree(source, Path(context) / name)
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
         _run(
-            ["docker", "build", "--label", f"{LABEL}={standin.official}",
+            ["docker", "build", "--label", f"{LABEL}={standin.official}", "--label", f"{RECIPE_LABEL}={wanted}",
              "--build-arg", f"BASE={BASE.format(suite=standin.suite)}",
              "-t", standin.official, context],
             what=f"docker build of the {standin.official} stand-in",
@@ -255,9 +306,23 @@ def clean() -> None:
         _run(["docker", "rmi", "-f", *ids], what="docker rmi of the stand-ins")
 
 
+def prune() -> int:
+    """Remove the untagged images left when one of ours was built again (a new fleet image
+    replaces the old one under its tag); every image built on a stand-in inherits its label,
+    so an untagged image of anyone else's is never among them. How many were removed."""
+    out = _run(
+        ["docker", "images", "-q", "--filter", "dangling=true", "--filter", f"label={LABEL}"],
+        what="docker images (dangling)",
+    )
+    ids = sorted(set(out.split()))
+    for image in ids:  # one by one: an image still used by a container stays, and says so
+        subprocess.run(["docker", "rmi", image], capture_output=True)
+    return len(ids)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="engine", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "images", "clean"])
+    parser.add_argument("action", choices=["up", "images", "prune", "clean"])
     parser.add_argument("--rebuild", action="store_true", help="build the stand-ins again even if present")
     args = parser.parse_args(argv)
     try:
@@ -267,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.action == "images":
             for tag, seconds in images(rebuild=args.rebuild).items():
                 print(f"[engine] {tag}: {f'built in {seconds:.0f}s' if seconds else 'present'}")
+        elif args.action == "prune":
+            print(f"[engine] {prune()} untagged image(s) of ours removed")
         else:
             clean()
             print("[engine] stand-ins removed")
