@@ -301,9 +301,19 @@ def ours() -> list[str]:
 
 
 def clean() -> None:
-    ids = ours()
-    if ids:
-        _run(["docker", "rmi", "-f", *ids], what="docker rmi of the stand-ins")
+    """Remove every image of ours. An image another one is built on cannot go before it
+    (the engine refuses, even forced), so pass after pass removes what it can until
+    nothing of ours is left; one that will not go (a container still uses it) is raised."""
+    remaining = ours()
+    while remaining:
+        refused = {}
+        for image in remaining:
+            done = subprocess.run(["docker", "rmi", "-f", image], capture_output=True, text=True)
+            if done.returncode != 0 and "No such image" not in done.stderr:
+                refused[image] = done.stderr.strip()
+        if len(refused) == len(remaining):
+            raise EngineError(f"could not remove {len(refused)} image(s) of ours: {next(iter(refused.values()))}")
+        remaining = sorted(set(ours()) & set(refused))
 
 
 def prune() -> int:
