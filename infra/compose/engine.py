@@ -2,7 +2,6 @@
 
     python infra/compose/engine.py up        # install (Debian's docker.io) and start dockerd if needed
     python infra/compose/engine.py images    # the base and every stand-in image, built if missing
-    python infra/compose/engine.py prune     # remove the untagged leftovers of rebuilding them
     python infra/compose/engine.py clean     # remove the images this tool built, nothing else
 
 No image can be pulled here, so each official image the compose file names is replaced,
@@ -13,8 +12,8 @@ from Maven Central (``infra/local/pom.xml``). Each stand-in's Dockerfile
 (``infra/compose/standins/<name>``) says which of the official image's documented
 behaviours it reproduces. Every image this tool builds carries the label
 ``dev.flotilla.standin`` and a digest of its recipe (``dev.flotilla.standin.recipe``):
-a stand-in is built again only when its recipe changed, and ``prune`` and ``clean`` remove
-only images with that label. Builds use the classic builder
+a stand-in is built again only when its recipe changed, and ``clean`` removes only
+images with that label. Builds use the classic builder
 (``DOCKER_BUILDKIT=0``): BuildKit would fetch its Dockerfile frontend from Docker Hub.
 
 Where this machine's outbound TLS goes through a private CA (the host's
@@ -316,23 +315,33 @@ def clean() -> None:
         remaining = sorted(set(ours()) & set(refused))
 
 
-def prune() -> int:
-    """Remove the untagged images left when one of ours was built again (a new fleet image
-    replaces the old one under its tag); every image built on a stand-in inherits its label,
-    so an untagged image of anyone else's is never among them. How many were removed."""
-    out = _run(
-        ["docker", "images", "-q", "--filter", "dangling=true", "--filter", f"label={LABEL}"],
-        what="docker images (dangling)",
-    )
-    ids = sorted(set(out.split()))
-    for image in ids:  # one by one: an image still used by a container stays, and says so
-        subprocess.run(["docker", "rmi", image], capture_output=True)
-    return len(ids)
+def remove_replaced(before: dict[str, str]) -> int:
+    """Remove the images a rebuild replaced: ``before`` maps each tag compose builds to the
+    id it had before the build; an old id that lost its tag (and carries our label: every
+    image built on a stand-in inherits it) is removed. Untagged images in general are not:
+    the classic builder keeps its layer cache in them (a multi-stage build's first stage
+    ends in one), and removing those made every fleet image build start from scratch.
+    How many were removed."""
+    removed = 0
+    for tag, old in before.items():
+        if not old or image_id(tag) == old:
+            continue
+        present = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{len .RepoTags}} {{json .Config.Labels}}", old],
+            capture_output=True,
+            text=True,
+        )
+        tags, _, image_labels = present.stdout.strip().partition(" ")
+        if present.returncode != 0 or tags != "0" or LABEL not in (json.loads(image_labels or "null") or {}):
+            continue
+        if subprocess.run(["docker", "rmi", old], capture_output=True).returncode == 0:
+            removed += 1
+    return removed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="engine", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "images", "prune", "clean"])
+    parser.add_argument("action", choices=["up", "images", "clean"])
     parser.add_argument("--rebuild", action="store_true", help="build the stand-ins again even if present")
     args = parser.parse_args(argv)
     try:
@@ -342,8 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.action == "images":
             for tag, seconds in images(rebuild=args.rebuild).items():
                 print(f"[engine] {tag}: {f'built in {seconds:.0f}s' if seconds else 'present'}")
-        elif args.action == "prune":
-            print(f"[engine] {prune()} untagged image(s) of ours removed")
         else:
             clean()
             print("[engine] stand-ins removed")

@@ -11,8 +11,8 @@ verified and the audit chain intact. Everything is torn down with ``down -v`` wh
 happens; the project name is this test's own, so nothing else is touched. To prove that,
 the test first puts bystanders on the engine (another compose project's container, volume
 and network, an image of someone else's, tagged and untagged) and checks, after the
-teardown and the prune of its own untagged leftovers, that every one of them and everything
-else on the engine that is not ours is still there.
+teardown and the removal of the images its rebuild replaced, that every one of them and
+everything else on the engine that is not ours is still there.
 """
 
 from __future__ import annotations
@@ -130,9 +130,16 @@ def bystanders() -> Iterator[set[str]]:
             subprocess.run(["docker", *rm.get(kind, ["rmi", "-f"]), ident], capture_output=True)
 
 
+def built_here() -> list[str]:
+    """The images compose builds (services with a ``build:``), by tag."""
+    config = json.loads(compose("config", "--format", "json").stdout)
+    return sorted({s["image"] for s in config["services"].values() if "build" in s and "image" in s})
+
+
 @contextmanager
 def compose_fleet() -> Iterator[None]:
     began = time.monotonic()
+    before = {tag: engine.image_id(tag) for tag in built_here()}
     try:
         compose("up", "-d", "--build", *services(), timeout=1500)
         print(f"[compose] up --build: {time.monotonic() - began:.0f}s")
@@ -153,7 +160,7 @@ def compose_fleet() -> Iterator[None]:
         (REPO_ROOT / ".stack").mkdir(exist_ok=True)
         (REPO_ROOT / ".stack" / "compose-test.log").write_text(logs)
         compose("down", "-v", "--remove-orphans", check=False, timeout=300)
-        print(f"[compose] removed {engine.prune()} untagged image(s) of ours left by rebuilding")
+        print(f"[compose] removed {engine.remove_replaced(before)} image(s) of ours a rebuild replaced")
 
 
 @pytest.fixture(scope="module")
