@@ -118,9 +118,10 @@ class LoopConfig:
     contract_topics: Mapping[str, str] = field(default_factory=dict)
     # The topics handlers (and the loop's own reports) may emit to; None: not checked here.
     emits: tuple[str, ...] | None = None
-    # The record types (ce_type) this loop reads; any other is skipped before it is decoded,
-    # verified or claimed, its offset stored with the batch's. None: every record is read.
-    # A record without a ce_type header is always read (and dead-lettered as undecodable).
+    # The record types (ce_type) this loop reads; any other contract type is skipped before
+    # it is decoded, verified or claimed, its offset stored with the batch's. None: every
+    # record is read. A record without a ce_type, or with one no contract names, is always
+    # read (and dead-lettered).
     needs: frozenset[str] | None = None
 
 
@@ -496,7 +497,9 @@ class ConsumerLoop:
     def _needed(self, msgs: list[Message]) -> list[Message]:
         """The records this loop reads; the others are counted as consumed and skipped, by
         their ce_type header alone (no decoding, no signature check, no claim: nothing in
-        this service acts on them, so nothing of them needs to be believed)."""
+        this service acts on them, so nothing of them needs to be believed). Only a type
+        some contract names is ever skipped: a record without a ce_type, or with one no
+        contract names, is garbage on the topic and is read, to be dead-lettered."""
         needs = self.config.needs
         if needs is None:
             return msgs
@@ -504,12 +507,11 @@ class ConsumerLoop:
         for msg in msgs:
             raw = header(msg.headers(), "ce_type")
             record_type = None if raw is None else raw.decode(errors="replace")
-            if record_type is None or record_type in needs:
+            if record_type is None or record_type in needs or record_type not in BY_TYPE:
                 kept.append(msg)
                 continue
             metrics.RECORDS_CONSUMED.labels(self.config.name, msg.topic() or "").inc()
-            label = record_type.rsplit(".", 1)[-1] if record_type in BY_TYPE else "other"
-            metrics.RECORDS_SKIPPED.labels(self.config.name, label).inc()
+            metrics.RECORDS_SKIPPED.labels(self.config.name, record_type.rsplit(".", 1)[-1]).inc()
         return kept
 
     def _decode_batch(self, msgs: list[Message]) -> list[_Item] | None:
