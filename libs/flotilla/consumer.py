@@ -511,7 +511,7 @@ class ConsumerLoop:
                 kept.append(msg)
                 continue
             metrics.RECORDS_CONSUMED.labels(self.config.name, msg.topic() or "").inc()
-            metrics.RECORDS_SKIPPED.labels(self.config.name, record_type.rsplit(".", 1)[-1]).inc()
+            metrics.RECORDS_SKIPPED.labels(self.config.name, record_type).inc()
         return kept
 
     def _decode_batch(self, msgs: list[Message]) -> list[_Item] | None:

@@ -175,7 +175,7 @@ def test_records_of_types_the_loop_does_not_need_are_skipped_unread_and_their_of
         FakeMessage(offset=1, value=b"\x00junk", headers=[("ce_type", b"dev.flotilla.incidents.DiagnosticJobStarted")]),
         FakeMessage(offset=2, value=b"x", headers=[("ce_type", b"dev.flotilla.incidents.AlertObserved")]),
     ]
-    counted = metrics.RECORDS_SKIPPED.labels("t", "DiagnosticJobStarted")
+    counted = metrics.RECORDS_SKIPPED.labels("t", "dev.flotilla.incidents.DiagnosticJobStarted")
     before = counted._value.get()
     loop.process(skipped)  # a pool of None: touching the database would raise
     assert counted._value.get() == before + 1
