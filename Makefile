@@ -9,7 +9,7 @@ STACKCTL    := $(PY) infra/local/stackctl.py
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-k8s test-compose test-transforms browser lint format records bench-outbox bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
+.PHONY: help install lock demo demo-outbox fleet-up fleet-down model-up model-down fleet-status stack-up stack-down stack-reset stack-status schemas check test test-unit test-model test-integration test-k8s test-compose test-transforms browser lint format records bench-outbox bench-hops bench-detection bench-runaway bench-idle bench-authority bench-storm bench-eval chaos clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -122,6 +122,9 @@ test-transforms: ## JUnit tests of our Kafka Connect transforms, and their jar (
 
 bench-outbox: stack-up schemas ## Outbox-commit -> consumer latency over 1,000 rows (p50/p99)
 	$(PY) benchmarks/outbox_latency.py --rows 1000 --pause-ms 100
+
+bench-hops: stack-up schemas ## Where one hop's time goes: p50/p99 of each stage, outbox commit -> consumer commit, beside the floor
+	$(PY) benchmarks/hop_stages.py --rows 300
 
 bench-detection: fleet-up ## Fault -> incident through the sim's /metrics, Prometheus and Alertmanager, in one run
 	$(PY) benchmarks/detection_latency.py --faults $${DETECTION_FAULTS:-10}

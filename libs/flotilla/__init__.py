@@ -64,6 +64,7 @@ from flotilla.workflow import (
     StaleTransition,
     Status,
     WorkflowStore,
+    accepting,
     accepts,
     transition,
 )
@@ -111,6 +112,7 @@ __all__ = [
     "Work",
     "Worker",
     "WorkflowStore",
+    "accepting",
     "accepts",
     "bootstrap_outbox",
     "child_traceparent",

@@ -49,9 +49,10 @@ from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused
 from flotilla.outbox import OUTBOX_MIGRATION, Outbox, OutboxRow
 from flotilla.provenance import Provenance, count_refused, payload_digest, signature_header
-from flotilla.records import BudgetExceeded, IncidentEscalated, LoopTerminated
+from flotilla.records import BY_TYPE, BudgetExceeded, IncidentEscalated, LoopTerminated
 from flotilla.serde import AvroSerde, RegistryUnavailableError, SerdeError, UnknownSchemaIdError
 from flotilla.settings import StackSettings
+from flotilla.tailing import header
 from flotilla.workflow import (
     WORKFLOW_MIGRATION,
     BudgetOverrun,
@@ -117,6 +118,11 @@ class LoopConfig:
     contract_topics: Mapping[str, str] = field(default_factory=dict)
     # The topics handlers (and the loop's own reports) may emit to; None: not checked here.
     emits: tuple[str, ...] | None = None
+    # The record types (ce_type) this loop reads; any other contract type is skipped before
+    # it is decoded, verified or claimed, its offset stored with the batch's. None: every
+    # record is read. A record without a ce_type, or with one no contract names, is always
+    # read (and dead-lettered).
+    needs: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -381,12 +387,12 @@ class ConsumerLoop:
 
     def _process_batch(self, msgs: list[Message]) -> None:
         started = time.perf_counter()
-        items = self._decode_batch(msgs)
+        items = self._decode_batch(self._needed(msgs))
         if items is None:
             return  # asked to stop while the registry was away: nothing done, nothing committed
         gives_up_at = time.monotonic() + self.config.database_patience
         attempt = 0
-        while True:
+        while items:
             try:
                 with self._pool.connection() as conn:
                     self._run(conn, items)
@@ -487,6 +493,26 @@ class ConsumerLoop:
                 metrics.RETRIES.labels(self.config.name).inc()
                 log.warning("handler failed on %s (attempt %d): %s", it.incoming.envelope.id, attempt, exc)
                 time.sleep(self._backoff(attempt))
+
+    def _needed(self, msgs: list[Message]) -> list[Message]:
+        """The records this loop reads; the others are counted as consumed and skipped, by
+        their ce_type header alone (no decoding, no signature check, no claim: nothing in
+        this service acts on them, so nothing of them needs to be believed). Only a type
+        some contract names is ever skipped: a record without a ce_type, or with one no
+        contract names, is garbage on the topic and is read, to be dead-lettered."""
+        needs = self.config.needs
+        if needs is None:
+            return msgs
+        kept = []
+        for msg in msgs:
+            raw = header(msg.headers(), "ce_type")
+            record_type = None if raw is None else raw.decode(errors="replace")
+            if record_type is None or record_type in needs or record_type not in BY_TYPE:
+                kept.append(msg)
+                continue
+            metrics.RECORDS_CONSUMED.labels(self.config.name, msg.topic() or "").inc()
+            metrics.RECORDS_SKIPPED.labels(self.config.name, record_type).inc()
+        return kept
 
     def _decode_batch(self, msgs: list[Message]) -> list[_Item] | None:
         """Decode every record; while the registry cannot answer, wait and decode again.

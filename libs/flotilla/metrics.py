@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 RECORDS_CONSUMED = Counter(
     "flotilla_records_consumed_total", "Records taken off a topic by a consumer loop.", ["consumer", "topic"]
 )
+RECORDS_SKIPPED = Counter(
+    "flotilla_records_skipped_total",
+    "Records a consumer loop passed over unread: their type (ce_type) is one it neither handles nor needs.",
+    ["consumer", "type"],
+)
 RECORDS_HANDLED = Counter(
     "flotilla_records_handled_total", "Records whose handler ran and committed.", ["consumer", "type"]
 )

@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.error
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -42,6 +42,7 @@ from flotilla.retention import Retention, dedupe_window, prune, topic_retention_
 from flotilla.serde import AvroSerde
 from flotilla.settings import ServiceSettings
 from flotilla.typedrecord import Record
+from flotilla.workflow import Status, needed_types
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,11 @@ class ServiceSpec:
     # Why the service cannot do its job now, beyond its database (None: it can): makes
     # /readyz answer 503 with the reason (the health agent while its metrics fail).
     not_ready: Callable[[], str | None] | None = None
+    # What the service reads from its copy of the incident workflow besides whether a
+    # record it handles is accepted: the sets of states its deferred work and its API check
+    # (``status in S``). With the handled types they decide which records it may skip
+    # unread (``workflow.needed_types``); a check missing here could be answered wrongly.
+    observes: tuple[frozenset[Status], ...] = ()
 
 
 def prepare(spec: ServiceSpec, settings: ServiceSettings) -> ServiceContext:
@@ -194,10 +200,22 @@ def prepare_when_available(
 
 def build_loop(ctx: ServiceContext) -> ConsumerLoop:
     spec = ctx.spec
-    config = LoopConfig(name=spec.name, topics=spec.topics, source=ctx.source, emits=spec.emits, **dict(spec.loop))
+    handlers = spec.handlers(ctx)
+    config = loop_config(spec, handlers, ctx.source)
     return ConsumerLoop(
-        config, ctx.settings, ctx.serde, ctx.pool, spec.handlers(ctx), outbox=ctx.outbox, provenance=ctx.provenance
+        config, ctx.settings, ctx.serde, ctx.pool, handlers, outbox=ctx.outbox, provenance=ctx.provenance
     )
+
+
+def loop_config(spec: ServiceSpec, handlers: Mapping[str, Handler], source: str) -> LoopConfig:
+    """The service's loop settings, with the record types it reads: those it handles, and
+    (following the workflow) those its copy of each incident's state needs; the rest are
+    skipped unread."""
+    config = LoopConfig(name=spec.name, topics=spec.topics, source=source, emits=spec.emits, **dict(spec.loop))
+    if not config.follow_workflow:
+        return replace(config, needs=frozenset(handlers))
+    needs = needed_types(handlers, spec.observes, counts_steps=config.budgets is not None)
+    return replace(config, needs=needs)
 
 
 def fact_signer(settings: ServiceSettings) -> Signer:

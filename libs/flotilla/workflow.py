@@ -11,6 +11,7 @@ so exceeding one is detected in the same transaction that would have spent it.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -139,6 +140,70 @@ def accepts(state: IncidentState, record_type: str) -> bool:
     """Whether ``record_type`` is a valid next record for the incident in ``state``."""
     edge = TRANSITIONS.get(record_type)
     return edge is not None and state.status in edge[0]
+
+
+def accepting(record_type: str) -> frozenset[Status]:
+    """The states in which ``record_type`` is accepted (none for a type the workflow ignores)."""
+    edge = TRANSITIONS.get(record_type)
+    return frozenset() if edge is None else edge[0]
+
+
+# ---------------------------------------------------------------- what a consumer must see
+#
+# Every service keeps its own copy of each incident's workflow state, from the records it
+# reads. A record type a service neither handles nor needs for its copy can be skipped
+# before it is decoded or claimed. "Needs" is exact here: the service looks at its copy
+# in a few ways only (whether a record it handles is accepted; the sets of states its
+# deferred work and its API check), and a type is needed unless leaving it out can never
+# change one of those answers, whatever the order of the records.
+
+
+def _after(status: Status, record_type: str) -> Status:
+    """The status a copy moves to on ``record_type`` (a stale record leaves it)."""
+    accepted, target = TRANSITIONS[record_type]
+    return (target or status) if status in accepted else status
+
+
+def divergence(needed: Collection[str], observed: Iterable[Collection[Status]]) -> tuple[str, ...] | None:
+    """A shortest sequence of records after which a copy that applies only the ``needed``
+    types answers one of the ``observed`` questions (is the status in this set?) otherwise
+    than a copy that applied them all; None when no sequence does.
+
+    Exhaustive: a breadth-first search over pairs (status of the full copy, status of the
+    reduced one), at most 16 x 16 of them, so every order of records is covered."""
+    views = [frozenset(v) for v in observed]
+    start = (Status.NEW, Status.NEW)
+    paths: dict[tuple[Status, Status], tuple[str, ...]] = {start: ()}
+    queue = deque([start])
+    while queue:
+        full, kept = queue.popleft()
+        for record_type in TRANSITIONS:
+            pair = (_after(full, record_type), _after(kept, record_type) if record_type in needed else kept)
+            if pair in paths:
+                continue
+            paths[pair] = (*paths[(full, kept)], record_type)
+            if any((pair[0] in view) != (pair[1] in view) for view in views):
+                return paths[pair]
+            queue.append(pair)
+    return None
+
+
+def needed_types(
+    handled: Iterable[str], observed: Iterable[Collection[Status]] = (), *, counts_steps: bool = False
+) -> frozenset[str]:
+    """The record types a consumer that follows the workflow must read: those it handles,
+    and every workflow type without which its copy could answer differently whether a
+    handled record is accepted or whether the status is in one of ``observed``.
+    ``counts_steps``: it enforces the budgets, whose step count is every accepted record."""
+    handled = frozenset(handled)
+    if counts_steps:
+        return handled | frozenset(TRANSITIONS)
+    views = [*observed, *(accepting(t) for t in handled if t in TRANSITIONS)]
+    needed = set(TRANSITIONS) | handled
+    for record_type in sorted(set(TRANSITIONS) - handled):
+        if divergence(needed - {record_type}, views) is None:
+            needed.discard(record_type)
+    return frozenset(needed)
 
 
 def transition(state: IncidentState, record_type: str, *, event_id: str, at: datetime) -> IncidentState:

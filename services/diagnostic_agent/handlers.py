@@ -47,6 +47,10 @@ from services.diagnostic_agent.settings import DiagnosticSettings
 
 log = logging.getLogger(__name__)
 
+# Where a diagnosis (or a job towards one) still matters: any later state means someone
+# else moved the incident on. Declared to the loop (ServiceSpec.observes) too.
+STILL_DIAGNOSING = frozenset({Status.NEW, Status.DIAGNOSING})
+
 PROBE_JOB = "dependency-probe"
 DIAGNOSE = "diagnose"  # the kind of deferred work: a request waiting for evidence and a verdict
 
@@ -107,7 +111,7 @@ class DiagnosticAgent:
 
     def decide(self, finish: Finish, outcome: Diagnosis | ReasoningFailed | EvidenceUnavailable) -> str:
         request = finish.incoming.typed(DiagnosisRequested)
-        if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
+        if finish.state.status not in STILL_DIAGNOSING:
             log.info("%s: no diagnosis, the incident is %s now", request.incident_id, finish.state.status)
             return "abandoned"
         now = finish.now
@@ -130,7 +134,7 @@ class DiagnosticAgent:
     def give_up(self, finish: Finish, error: str) -> str:
         """The reasoner kept failing (not the evidence: that becomes a job) until the deadline."""
         incident = finish.work.incident_id
-        if finish.state.status not in (Status.NEW, Status.DIAGNOSING):
+        if finish.state.status not in STILL_DIAGNOSING:
             return "abandoned"
         emit = _finish_emitter(finish, incident)
         failure = ReasoningFailed(f"no diagnosis before the deadline ({error[:200]})", reasoner=self.reasoner.name)

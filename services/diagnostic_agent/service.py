@@ -8,7 +8,7 @@ from flotilla_evidence import EvidenceSource
 from flotilla_reasoning import Reasoner, failures, make_reasoner
 
 from flotilla import DEFERRED_WORK_MIGRATION, Periodic, ServiceContext, ServiceSpec, fleet
-from services.diagnostic_agent.handlers import DiagnosticAgent
+from services.diagnostic_agent.handlers import STILL_DIAGNOSING, DiagnosticAgent
 from services.diagnostic_agent.settings import DiagnosticSettings
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, DEFERRED_WORK_MIGRATION)
@@ -48,6 +48,7 @@ def build_agent(
         # The agent that spends an incident's LLM tokens also enforces its budgets
         # (tokens, wall time, steps): one owner, so one BudgetExceeded per incident.
         loop={"budgets": settings.budgets()},
+        observes=(STILL_DIAGNOSING,),
     )
     return spec, agent
 

@@ -21,6 +21,7 @@ from flotilla import ServiceContext, ServiceSpec
 from services.health_agent.alerts import Intake
 from services.health_agent.api import install_routes
 from services.health_agent.handlers import make_handlers
+from services.health_agent.incidents import FINISHED
 from services.health_agent.metrics_source import MetricsSource, PromQLMetrics, SimMetrics
 from services.health_agent.reconcile import RuleStates
 from services.health_agent.scrape import Scraper
@@ -71,4 +72,6 @@ def build_spec(settings: HealthSettings | None = None, source: MetricsSource | N
         routes=routes,
         emits=(settings.incidents_topic,),
         not_ready=scraper.not_ready,
+        # A finished incident no longer holds its service (incidents.open_incident_of, scrape.settled).
+        observes=(FINISHED,),
     )

@@ -14,6 +14,7 @@ from flotilla import Periodic, ServiceContext, ServiceSpec
 from flotilla.fleet import POLICY
 from services.policy import approvals, store
 from services.policy.api import install_routes
+from services.policy.approval_rules import DECIDABLE_INCIDENT_STATES
 from services.policy.handlers import make_handlers
 from services.policy.runtime import PolicyRuntime
 from services.policy.settings import PolicySettings
@@ -48,4 +49,6 @@ def build_spec(settings: PolicySettings | None = None, *, runtime: PolicyRuntime
         periodic=tuple(periodic),
         routes=routes,
         emits=POLICY.emits,
+        # A person's decision is taken only while the incident can still take one (approvals.py).
+        observes=(DECIDABLE_INCIDENT_STATES,),
     )

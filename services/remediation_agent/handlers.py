@@ -27,7 +27,18 @@ from flotilla_reasoning import Proposal, Reasoner, ReasoningFailed
 from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.records import DIAGNOSES, read_diagnosis
 
-from flotilla import Finish, Handler, HandlerContext, ServiceContext, Work, Worker, accepts, defer, escalation
+from flotilla import (
+    Finish,
+    Handler,
+    HandlerContext,
+    ServiceContext,
+    Work,
+    Worker,
+    accepting,
+    accepts,
+    defer,
+    escalation,
+)
 from flotilla.authority import Signer, attest_proposal
 from flotilla.digest import canonical_json
 from flotilla.records import IncidentEscalated, RecoveryProposed
@@ -35,6 +46,10 @@ from services.remediation_agent.plan import InvalidPlan, proposal_value
 from services.remediation_agent.settings import RemediationSettings
 
 log = logging.getLogger(__name__)
+
+# What a finished plan asks of the incident before it is proposed (or escalated instead).
+# Declared to the loop (ServiceSpec.observes) too.
+OBSERVES = (accepting(RecoveryProposed.TYPE), accepting(IncidentEscalated.TYPE))
 
 PROPOSE = "propose"  # the kind of deferred work: a diagnosis waiting for a plan
 

@@ -8,7 +8,7 @@ from flotilla_evidence import EvidenceSource
 from flotilla_reasoning import Reasoner, failures, make_reasoner
 
 from flotilla import DEFERRED_WORK_MIGRATION, ServiceSpec, fleet
-from services.remediation_agent.handlers import RemediationAgent
+from services.remediation_agent.handlers import OBSERVES, RemediationAgent
 from services.remediation_agent.settings import RemediationSettings
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(), failures.MIGRATION, DEFERRED_WORK_MIGRATION)
@@ -35,6 +35,7 @@ def build_agent(
         handlers=agent.handlers,
         migrations=MIGRATIONS,
         periodic=agent.worker.periodic(settings.propose_workers),
+        observes=OBSERVES,
     )
     return spec, agent
 

@@ -100,12 +100,16 @@ def refused(watch: Watch, envelope: Envelope, refusal: str) -> None:
 
 
 def refusals(record_types: list[str]) -> dict[tuple[str, str], float]:
-    """flotilla_records_unauthorized_total of every consumer, per record type."""
-    return {(m.name, t): unauthorized_count(m, t) for m in CONSUMERS for t in record_types}
+    """Per consumer and record type: the records it refused as unsigned
+    (flotilla_records_unauthorized_total) plus those of a type it does not read, which it
+    passes over unread and so never verifies (flotilla_records_skipped_total): either way,
+    nothing of the record reached a handler or the consumer's workflow."""
+    return {(m.name, t): unauthorized_count(m, t) + skipped_count(m, t) for m in CONSUMERS for t in record_types}
 
 
 def every_consumer_refused(before: dict[tuple[str, str], float], record_types: list[str]) -> None:
-    """Each consumer counted each forged record once (metrics come up a little after the letter)."""
+    """Each consumer counted each forged record once, refused or passed over unread (metrics
+    come up a little after the letter); who needs the type dead-lettered it (``refused``)."""
     deadline = time.monotonic() + 30
     while True:
         after = refusals(record_types)
@@ -137,6 +141,17 @@ def unauthorized_count(member: Member, record_type: str) -> float:
         if line.startswith("flotilla_records_unauthorized_total{") and f'type="{record_type}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def skipped_count(member: Member, record_type: str) -> float:
+    with urllib.request.urlopen(f"{url(member)}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    label = f'type="{record_type}"'
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("flotilla_records_skipped_total{") and label in line
+    )
 
 
 def workflow_rows(fleet: Fleet, member: Member, incident: str) -> int:

@@ -72,6 +72,7 @@ def build_loop(
     budgets: Budgets | None = None,
     crash_after_commit: bool = False,
     batch_transactions: bool = True,
+    needs: frozenset[str] | None = None,
 ) -> tuple[ConsumerLoop, ConnectionPool[Any]]:
     serde = AvroSerde(registry_client(settings.schema_registry_url))
     pool: ConnectionPool[Any] = ConnectionPool(
@@ -88,6 +89,7 @@ def build_loop(
         budgets=budgets,
         backoff_initial=0.01,
         batch_transactions=batch_transactions,
+        needs=needs,
         # A crashed member holds its partitions until its session expires; keep that
         # short so the restarted consumer gets them back quickly (6 s is the broker minimum).
         kafka={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},

@@ -416,3 +416,43 @@ def test_prune_keeps_what_is_young_and_the_window_follows_the_topics_retention(
         assert left == {young}
         prune(conn, Retention(dedupe=None, outbox=None), datetime.now(UTC) + timedelta(days=365), service="it")
         assert {r[0] for r in conn.execute(ours, (young, old))} == {young}  # a window of None never prunes claims
+
+
+def test_records_the_loop_does_not_need_are_neither_decoded_claimed_nor_dead_lettered(
+    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+) -> None:
+    """A loop declaring what it reads (LoopConfig.needs) passes over the rest by ce_type:
+    poison of a skipped type is not dead-lettered here, nothing is claimed for it, and the
+    group's offsets move past it with the needed record's."""
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    payload, env = fact(serde, incident)
+    skipped = Envelope(type="dev.flotilla.incidents.DiagnosticJobStarted", source="/x", correlationid=incident)
+    produce(stack, topic, [(incident, b"\x00not avro", skipped.headers()), (incident, payload, env.headers())])
+    group = f"g-{topic}"
+    loop, pool = build_loop(
+        stack,
+        topic=topic,
+        database=database,
+        group=group,
+        needs=frozenset({"dev.flotilla.incidents.ServiceLatencyIncreased"}),
+    )
+    try:
+        drain(loop, 2)  # both taken off the topic, in one batch or two
+        loop.consumer.close()  # commits the stored offsets
+    finally:
+        pool.close()
+    assert effects(stack, incident) == [env.id]
+    with psycopg.connect(stack.pg_dsn(DB)) as conn:
+        claimed = conn.execute("SELECT event_id FROM processed_events WHERE consumer = %s", (group,)).fetchall()
+    assert [r[0] for r in claimed] == [env.id]
+    dlq = dlq_reader(stack, topic)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            letter = dlq.poll(0.5)
+            assert letter is None or letter.error() is not None, "the skipped poison was dead-lettered"
+    finally:
+        dlq.close()
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+    assert sum(tp.offset for tp in offsets.topic_partitions if tp.offset > 0) == 2

@@ -149,7 +149,7 @@ def test_a_batch_waits_out_a_database_restart_instead_of_crashing_the_member(mon
     database = _RestartingDatabase(failures=10 * loop.config.max_retries)
     loop._pool = database  # type: ignore[assignment]
     ran: list[Any] = []
-    monkeypatch.setattr(loop, "_decode_batch", lambda msgs: [])
+    monkeypatch.setattr(loop, "_decode_batch", lambda msgs: list(msgs))  # their items: _run is replaced too
     monkeypatch.setattr(loop, "_run", lambda conn, items: ran.append(conn))
     loop.process(_msgs())
     assert len(ran) == 1 and fake.stored  # committed once, then its offsets stored
@@ -159,7 +159,37 @@ def test_a_batch_waits_out_a_database_restart_instead_of_crashing_the_member(mon
 def test_a_database_gone_longer_than_the_patience_still_ends_the_member(monkeypatch: pytest.MonkeyPatch) -> None:
     loop, fake = _loop(None, backoff_initial=0.001, backoff_max=0.001, database_patience=0.05)
     loop._pool = _RestartingDatabase(failures=10**9)  # type: ignore[assignment]
-    monkeypatch.setattr(loop, "_decode_batch", lambda msgs: [])
+    monkeypatch.setattr(loop, "_decode_batch", lambda msgs: list(msgs))  # their items: _run is replaced too
     with pytest.raises(psycopg.OperationalError):
         loop.process(_msgs())
     assert not fake.stored  # nothing committed: redelivered to whoever takes the partitions
+
+
+def test_records_of_types_the_loop_does_not_need_are_skipped_unread_and_their_offsets_stored() -> None:
+    from flotilla import metrics
+
+    wanted = "dev.flotilla.incidents.RecoveryCompleted"
+    loop, fake = _loop(None, needs=frozenset({wanted}))
+    # poison of a skipped type: never decoded, so never dead-lettered by this loop
+    skipped = [
+        FakeMessage(offset=1, value=b"\x00junk", headers=[("ce_type", b"dev.flotilla.incidents.DiagnosticJobStarted")]),
+        FakeMessage(offset=2, value=b"x", headers=[("ce_type", b"dev.flotilla.incidents.AlertObserved")]),
+    ]
+    counted = metrics.RECORDS_SKIPPED.labels("t", "dev.flotilla.incidents.DiagnosticJobStarted")
+    before = counted._value.get()
+    loop.process(skipped)  # a pool of None: touching the database would raise
+    assert counted._value.get() == before + 1
+    assert [(tp.partition, tp.offset) for tp in fake.stored[-1]] == [(0, 3)]
+
+
+def test_a_record_without_a_type_of_an_unknown_type_or_of_a_needed_type_is_read() -> None:
+    wanted = "dev.flotilla.incidents.RecoveryCompleted"
+    loop, _ = _loop(None, needs=frozenset({wanted}))
+    untyped = FakeMessage(offset=1, headers=[("ce_id", b"1")])
+    needed = FakeMessage(offset=2, headers=[("ce_type", wanted.encode())])
+    # a type no contract names is garbage: read, to be dead-lettered, never passed over
+    forged = FakeMessage(offset=3, headers=[("ce_type", b"dev.flotilla.chaos.Made.Up")])
+    other = FakeMessage(offset=4, headers=[("ce_type", b"dev.flotilla.incidents.AlertObserved")])
+    assert loop._needed([untyped, needed, forged, other]) == [untyped, needed, forged]
+    everything, _ = _loop(None)  # needs=None: a loop that declares nothing reads everything
+    assert everything._needed([untyped, needed, forged, other]) == [untyped, needed, forged, other]
