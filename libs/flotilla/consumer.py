@@ -604,8 +604,8 @@ class ConsumerLoop:
         self, conn: psycopg.Connection[Any], incoming: Incoming, states: States, pending: list[OutboxRow]
     ) -> None:
         """Workflow check, budgets, handler, state: the claim is already made. One span per
-        record this service handles (every service reads every record of ``incidents``; the
-        ones it only steps its workflow over are not worth a span each)."""
+        record this service handles (the agents read most records of ``incidents``; the ones
+        a service only steps its workflow over are not worth a span each)."""
         if incoming.record_type not in self._handlers:
             self._apply_traced(conn, incoming, states, pending)
             return
@@ -707,9 +707,9 @@ class ConsumerLoop:
         """A record whose hop budget is spent: count it and report it once, never handle it."""
         envelope = dropped.envelope
         if envelope.type not in self._handlers:
-            # Not ours to act on anyway: every service reads `incidents`, and only a
+            # Not ours to act on anyway: several services read `incidents`, and only a
             # consumer that would have handled the record reports the loop it cut (else
-            # one spent record would be reported once per service in the fleet).
+            # one spent record would be reported once per service that reads it).
             return
         metrics.LOOP_DROPS.labels(self.config.name).inc()
         log.warning("dropping %s %s: hop budget spent", envelope.type, envelope.id)
