@@ -64,7 +64,7 @@ def model_server(stack: StackSettings) -> str:
 
 @pytest.fixture(scope="session")
 def tap(model_server: str) -> Iterator[ModelTap]:
-    with ModelTap(model_server) as recording:
+    with ModelTap(model_server, client_timeout=LLM_TIMEOUT_SECONDS) as recording:
         yield recording
 
 

@@ -63,7 +63,10 @@ class Exchange:
 class ModelTap:
     """Forwards ``/v1/*`` to ``upstream`` (the model server's base URL, without /v1)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, client_timeout: float | None = None) -> None:
+        # How long the agents' client waits for an answer: one that comes later reaches no
+        # one, so a spoil it would carry is kept for the next request instead.
+        self.client_timeout = client_timeout
         parsed = urllib.parse.urlsplit(upstream.rstrip("/"))
         self.host, self.port, self.prefix = parsed.hostname or "127.0.0.1", parsed.port or 80, parsed.path
         self.exchanges: list[Exchange] = []
@@ -164,9 +167,11 @@ class ModelTap:
                     answer = json.loads(raw)
                 except ValueError:
                     answer = None
-                if spoil in ("truncated", "not-json") and status != 200:
+                late = tap.client_timeout is not None and time.monotonic() - started >= tap.client_timeout
+                if spoil in ("truncated", "not-json") and (status != 200 or late):
                     # spoil an answer, not the server's refusal (of a response format it
-                    # does not speak, say): keep it for the next request
+                    # does not speak, say), nor an answer the client stopped waiting for
+                    # (it asks again, and that request must get the spoil): keep it for the next
                     with tap._lock:
                         tap._spoils.appendleft(spoil)
                     spoil = None
