@@ -132,8 +132,25 @@ def compose_plugin() -> None:
         raise EngineError(f"docker compose does not answer after installing it in {PLUGINS}")
 
 
+def inspect_image(ref: str, template: str) -> str | None:
+    """``docker image inspect`` of one image through a Go template; None when there is none."""
+    done = subprocess.run(["docker", "image", "inspect", "--format", template, ref], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def image_exists(tag: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
+    return inspect_image(tag, "{{.Id}}") is not None
+
+
+def image_id(tag: str) -> str:
+    """The image's id, empty when there is none of that name."""
+    return inspect_image(tag, "{{.Id}}") or ""
+
+
+def labels(ref: str) -> dict[str, str] | None:
+    """The image's labels, or None when there is no such image."""
+    found = inspect_image(ref, "{{json .Config.Labels}}")
+    return None if found is None else json.loads(found or "null") or {}
 
 
 def base_image(suite: str = "bookworm") -> str:
@@ -208,12 +225,6 @@ def standins() -> list[StandIn]:
     ]
 
 
-def image_id(tag: str) -> str:
-    """The image's id, empty when there is none of that name."""
-    done = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else ""
-
-
 def recipe(standin: StandIn, base_id: str) -> str:
     """A digest of everything a stand-in is built from: its folder's files (content), the
     names and sizes of the artifacts copied in (hashing 300 MB of jars at every run would
@@ -228,16 +239,6 @@ def recipe(standin: StandIn, base_id: str) -> str:
             if path.is_file():
                 digest.update(f"{name}/{path.relative_to(source)}|{path.stat().st_size}".encode())
     return digest.hexdigest()[:16]
-
-
-def labels(tag: str) -> dict[str, str] | None:
-    """The image's labels, or None when there is no image of that name."""
-    done = subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        return None
-    return json.loads(done.stdout or "null") or {}
 
 
 def must_build(present: dict[str, str] | None, wanted: str, *, rebuild: bool = False) -> bool:
@@ -326,14 +327,8 @@ def remove_replaced(before: dict[str, str]) -> int:
     for tag, old in before.items():
         if not old or image_id(tag) == old:
             continue
-        present = subprocess.run(
-            ["docker", "image", "inspect", "--format", "{{len .RepoTags}} {{json .Config.Labels}}", old],
-            capture_output=True,
-            text=True,
-        )
-        tags, _, image_labels = present.stdout.strip().partition(" ")
-        if present.returncode != 0 or tags != "0" or LABEL not in (json.loads(image_labels or "null") or {}):
-            continue
+        if inspect_image(old, "{{len .RepoTags}}") != "0" or LABEL not in (labels(old) or {}):
+            continue  # gone already, still tagged, or not ours
         if subprocess.run(["docker", "rmi", old], capture_output=True).returncode == 0:
             removed += 1
     return removed

@@ -79,22 +79,16 @@ def foreign() -> set[str]:
     """Everything on the engine that this lane did not make: containers, volumes and networks
     outside its compose project, images without the stand-ins' label (tagged or not)."""
     ids = set()
-    for row in docker(
-        "ps", "-a", "--no-trunc", "--format", '{{.ID}} {{.Label "com.docker.compose.project"}}'
-    ).splitlines():
-        container, _, project = row.partition(" ")
-        if project != PROJECT:
-            ids.add(f"container {container}")
-    for row in docker("volume", "ls", "--format", '{{.Name}} {{.Label "com.docker.compose.project"}}').splitlines():
-        volume, _, project = row.partition(" ")
-        if project != PROJECT:
-            ids.add(f"volume {volume}")
-    for row in docker(
-        "network", "ls", "--no-trunc", "--format", '{{.ID}} {{.Label "com.docker.compose.project"}}'
-    ).splitlines():
-        network, _, project = row.partition(" ")
-        if project != PROJECT:
-            ids.add(f"network {network}")
+    project_label = '{{.Label "com.docker.compose.project"}}'
+    for kind, listing in (
+        ("container", ["ps", "-a", "--no-trunc", "--format", "{{.ID}} " + project_label]),
+        ("volume", ["volume", "ls", "--format", "{{.Name}} " + project_label]),
+        ("network", ["network", "ls", "--no-trunc", "--format", "{{.ID}} " + project_label]),
+    ):
+        for row in docker(*listing).splitlines():
+            ident, _, project = row.partition(" ")
+            if project != PROJECT:
+                ids.add(f"{kind} {ident}")
     ours = set(docker("images", "-q", "--no-trunc", "--filter", f"label={engine.LABEL}").split())
     ids |= {f"image {i}" for i in set(docker("images", "-q", "--no-trunc").split()) - ours}
     return ids
