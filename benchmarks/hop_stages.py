@@ -42,8 +42,8 @@ import psycopg
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from flotilla_ops.samples import latency_fact
 from incident_latency import floor, percentile
+from outbox_latency import commit_fact, prepare_state
 from psycopg_pool import ConnectionPool
 
 from flotilla import migrate
@@ -175,17 +175,11 @@ def measure(settings: StackSettings, *, rows: int, warmup: int, pause_ms: float)
             thread.start()
         time.sleep(3)  # the consumers joined their partitions
         with psycopg.connect(settings.pg_dsn(SOURCE_DB)) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS bench_state (incident_id text PRIMARY KEY, seen int NOT NULL)")
-            conn.commit()
+            prepare_state(conn)
             for i in range(warmup + rows):
                 time.sleep(random.uniform(0, pause_ms) / 1000)
-                incident = f"incident-bench-{uuid.uuid4().hex[:8]}"
-                value, env = latency_fact(incident, source="/flotilla/bench")
                 began = time.time()
-                conn.execute("INSERT INTO bench_state VALUES (%s, %s)", (incident, i))
-                row = outbox.row(ServiceLatencyIncreased.from_value(value), env, key=incident)
-                Outbox.insert(conn, [(row[0], topic, *row[2:])])  # to the benchmark's own topic
-                conn.commit()
+                env = commit_fact(conn, outbox, i, route_to=topic)  # to the benchmark's own topic
                 stamps.mark(env.id, "commit")
                 if not stamps.wait_committed(env.id, 30):
                     lost += 1

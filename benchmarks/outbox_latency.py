@@ -19,12 +19,14 @@ import random
 import statistics
 import time
 import uuid
+from typing import Any
 
 import psycopg
 from flotilla_ops.samples import latency_fact
 
 from flotilla.bootstrap import bootstrap_outbox, drop_outbox
 from flotilla.contracts import register_all
+from flotilla.envelope import Envelope
 from flotilla.outbox import Outbox
 from flotilla.records import ServiceLatencyIncreased
 from flotilla.registry import registrar_client
@@ -40,20 +42,34 @@ def percentile(sorted_ms: list[float], p: float) -> float:
     return sorted_ms[index]
 
 
+def prepare_state(conn: psycopg.Connection[Any]) -> None:
+    """The table each benchmark row changes beside its outbox row, as a service would."""
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_state (incident_id text PRIMARY KEY, seen int NOT NULL)")
+    conn.commit()
+
+
+def commit_fact(conn: psycopg.Connection[Any], outbox: Outbox, seq: int, *, route_to: str | None = None) -> Envelope:
+    """One latency fact about a new incident, with its state change, committed on its own
+    (after a pause the caller chose). ``route_to``: publish it on that topic instead of
+    ``incidents``, encoded as the ``incidents`` contract (a topic no service reads)."""
+    incident = f"incident-bench-{uuid.uuid4().hex[:8]}"
+    value, env = latency_fact(incident, source="/flotilla/bench")
+    conn.execute("INSERT INTO bench_state VALUES (%s, %s)", (incident, seq))
+    row = outbox.row(ServiceLatencyIncreased.from_value(value), env, key=incident)
+    Outbox.insert(conn, [row if route_to is None else (row[0], route_to, *row[2:])])
+    conn.commit()
+    return env
+
+
 def _measure(settings: StackSettings, outbox: Outbox, *, rows: int, warmup: int, pause_ms: float) -> list[float]:
     """Milliseconds from each row's commit to its record at a consumer, warm-up excluded."""
     consumer = tail_consumer(settings.kafka_bootstrap, "incidents", **{"fetch.wait.max.ms": 5})
     latencies: list[float] = []
     with psycopg.connect(settings.pg_dsn(DB)) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_state (incident_id text PRIMARY KEY, seen int NOT NULL)")
-        conn.commit()
+        prepare_state(conn)
         for i in range(warmup + rows):
             time.sleep(random.uniform(0, pause_ms) / 1000)
-            incident = f"incident-bench-{uuid.uuid4().hex[:8]}"
-            value, env = latency_fact(incident, source="/flotilla/bench")
-            conn.execute("INSERT INTO bench_state VALUES (%s, %s)", (incident, i))
-            outbox.append(conn, ServiceLatencyIncreased.from_value(value), env, key=incident)
-            conn.commit()
+            env = commit_fact(conn, outbox, i)
             committed = time.perf_counter()
             want = env.id.encode()
             deadline = committed + 30
