@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flotilla import fleet
+from flotilla import records as r
 from flotilla.consumer import LoopConfig
 from flotilla.handling import HandlerContext
 from flotilla.records import BY_TYPE
@@ -35,14 +36,13 @@ from flotilla.workflow import (
     needed_types,
     transition,
 )
+from tests.unit.test_compose_fleet import settings_class
 
-PREFIX = "dev.flotilla."
-LATENCY = PREFIX + "incidents.ServiceLatencyIncreased"
-DIAGNOSIS_REQUESTED = PREFIX + "incidents.DiagnosisRequested"
-JOB_STARTED = PREFIX + "incidents.DiagnosticJobStarted"
-CONCLUDED = PREFIX + "decisions.DiagnosisConcluded"
-PROPOSED = PREFIX + "decisions.RecoveryProposed"
-ESCALATED = PREFIX + "incidents.IncidentEscalated"
+LATENCY = r.ServiceLatencyIncreased.TYPE
+DIAGNOSIS_REQUESTED = r.DiagnosisRequested.TYPE
+JOB_STARTED = r.DiagnosticJobStarted.TYPE
+CONCLUDED = r.DiagnosisConcluded.TYPE
+ESCALATED = r.IncidentEscalated.TYPE
 STAYS = {t for t, (_, target) in TRANSITIONS.items() if target is None}  # accepted, the status unchanged
 
 
@@ -78,17 +78,6 @@ def test_what_a_service_observes_widens_what_it_needs() -> None:
 # ------------------------------------------------------------- each service, as deployed
 
 
-def _settings_class(module: str) -> type[Any]:
-    settings_module = importlib.import_module(f"{module}.settings")
-    classes = [
-        v
-        for k, v in vars(settings_module).items()
-        if k.endswith("Settings") and isinstance(v, type) and v.__module__ == settings_module.__name__
-    ]
-    assert len(classes) == 1, classes
-    return classes[0]
-
-
 def _members_with_a_loop() -> Iterator[fleet.Member]:
     for member in fleet.FLEET:
         try:
@@ -109,7 +98,7 @@ def deployed(clean_env: None, monkeypatch: pytest.MonkeyPatch, signing_keys: dic
 
 
 def _spec_and_handlers(member: fleet.Member) -> tuple[ServiceSpec, set[str]]:
-    settings = _settings_class(member.module)()
+    settings = settings_class(member)()
     spec = importlib.import_module(f"{member.module}.service").build_spec(settings)
     # The handler factories only wire objects together; none is called here.
     handlers = spec.handlers(SimpleNamespace(pool=None, settings=settings))
