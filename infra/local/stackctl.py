@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
     from psycopg import Connection
 
+    from flotilla.delivery import Delivery
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_DIR = Path(__file__).resolve().parent
 STACK_HOME = Path(os.environ.get("FLOTILLA_STACK_HOME", REPO_ROOT / ".stack")).resolve()
@@ -288,10 +290,24 @@ MODEL_SERVER = modelserver.ModelServer(STACK_HOME / "model-server", HOST, PORTS[
 MODEL_ALIAS = modelserver.ALIAS
 
 
+def outbox_delivery() -> Delivery:
+    """How outbox rows reach their topics on this stack (FLOTILLA_OUTBOX_DELIVERY when it is
+    brought up, else flotilla.delivery's default): the Connect worker's mode, and through the
+    env file every service's, so the two cannot disagree."""
+    from flotilla.delivery import DEFAULT_DELIVERY, DELIVERIES  # here: importing flotilla takes a second
+
+    chosen = os.environ.get("FLOTILLA_OUTBOX_DELIVERY") or DEFAULT_DELIVERY
+    for delivery in DELIVERIES:
+        if chosen == delivery:
+            return delivery
+    raise SystemExit(f"FLOTILLA_OUTBOX_DELIVERY={chosen!r}: one of {', '.join(DELIVERIES)}")
+
+
 def stack_env() -> dict[str, str]:
     """The connection settings every tool, service and test reads."""
     return {
         "FLOTILLA_STACK": "local",
+        "FLOTILLA_OUTBOX_DELIVERY": outbox_delivery(),
         # The local stack is the demo: unset credentials fall back to the public demo users
         # and tokens (flotilla.settings.Profile); elsewhere the default profile refuses them.
         "FLOTILLA_PROFILE": "demo",
@@ -913,6 +929,8 @@ def alertmanager_command(config: Path) -> list[str]:
 
 def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str | None, pgdata: Path) -> Path:
     """Render every process's config into .stack/run and return supervisord's."""
+    from flotilla.delivery import worker_exactly_once_source_support
+
     for d in (RUN, LOGS, DATA / "kafka", DATA / "connect", DATA / "prometheus", DATA / "alertmanager"):
         d.mkdir(parents=True, exist_ok=True)
     prometheus_yml = RUN / "prometheus.yml"
@@ -956,9 +974,10 @@ def _write_configs(java: str, registry_java: str, pg_bindir: Path, pg_user: str 
         # the slot's LSN from what it reads); one partition, not Connect's 25, keeps that read cheap.
         "offset.storage.partitions=1\n"
         "offset.flush.interval.ms=1000\n"
-        # KIP-618: each poll batch of an outbox connector and its source offset commit in one
-        # Kafka transaction, so a killed worker neither loses nor re-publishes outbox rows.
-        "exactly.once.source.support=enabled\n"
+        # KIP-618 or not (flotilla.delivery): enabled, each poll batch of an outbox connector and
+        # its source offset commit in one Kafka transaction, so a killed worker re-publishes
+        # nothing; disabled, offsets commit every offset.flush.interval.ms beside the rows.
+        f"exactly.once.source.support={worker_exactly_once_source_support(outbox_delivery())}\n"
         # Kafka 4 producers linger 5 ms by default; an outbox hop should not wait for a batch.
         "producer.linger.ms=0\n"
         "key.converter=org.apache.kafka.connect.storage.StringConverter\n"

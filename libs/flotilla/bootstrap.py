@@ -34,7 +34,7 @@ def bootstrap_outbox(
     with psycopg.connect(settings.pg_dsn(database)) as conn:
         outbox.migrate(conn)
     name = connectors.connector_name(database)
-    config = connectors.outbox_connector_config(database, topics=topics)
+    config = connectors.outbox_connector_config(database, topics=topics, delivery=settings.outbox_delivery)
     connectors.register_connector(settings.connect_url, name, config)
     connectors.wait_running(settings.connect_url, name, timeout=timeout)
     return name

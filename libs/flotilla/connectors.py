@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from flotilla.delivery import DEFAULT_DELIVERY, Delivery, delivery_config
 from flotilla.fleet import FLEET
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
 
@@ -27,9 +28,9 @@ log = logging.getLogger(__name__)
 
 # Debezium's PostgreSQL connector, as our subclass (infra/connect-transforms, in Debezium's
 # plugin folder): rows pass exactly as with Debezium's own task, but an idle task waits for
-# an event instead of spinning, and returns an empty batch to the worker (ending an
-# exactly-once transaction and a read of the offsets topic) once per IDLE_RETURN_MS rather
-# than every poll. docs/operations/observability.md has the figures.
+# an event instead of spinning, and returns an empty batch to the worker (with exactly-once
+# delivery: ending a transaction and a read of the offsets topic) once per IDLE_RETURN_MS
+# rather than every poll. docs/operations/observability.md has the figures.
 OUTBOX_CONNECTOR_CLASS = "dev.flotilla.connect.OutboxPostgresConnector"
 # Connect checks whether a source task should stop only between polls, and gives up on a
 # graceful stop after 5 s (task.shutdown.graceful.timeout.ms): well below that.
@@ -41,8 +42,9 @@ IDLE_RETURN_MS = 2000
 POLL_INTERVAL_MS = 20
 BACKGROUND_POLL_INTERVAL_MS = 500
 # A poll returns as soon as its batch is full; with one record per batch the first row is
-# handed over at once. Under a burst each row is its own exactly-once transaction, which at
-# Flotilla's rates costs less than the latency a larger batch would add.
+# handed over at once. Under a burst each row is its own poll (with exactly-once delivery,
+# its own transaction), which at Flotilla's rates costs less than the latency a larger
+# batch would add.
 MAX_BATCH_SIZE = 1
 
 # Our own transform (infra/connect-transforms), a plugin beside Debezium's on every Connect worker.
@@ -107,8 +109,12 @@ def outbox_connector_config(
     user: str = "${env:FLOTILLA_PG_USER}",
     password: str = "${env:FLOTILLA_PG_PASSWORD}",
     topics: Sequence[str] | None = None,
+    delivery: Delivery = DEFAULT_DELIVERY,
 ) -> dict[str, str]:
     """The Kafka Connect config of the outbox connector for one service database.
+
+    ``delivery``: how its rows reach their topics; the worker must agree
+    (:func:`worker_exactly_once_source_support`).
 
     ``topics``: the only topics this database's rows may be published to (its service's
     ``emits``); any other row is dropped by Connect itself. The outbox table's constraint
@@ -148,12 +154,7 @@ def outbox_connector_config(
         # Rows written before the connector existed are still published (snapshot),
         # then the WAL is streamed.
         "snapshot.mode": "initial",
-        # Needs the worker's exactly.once.source.support=enabled: a batch of rows and the
-        # LSN it reached commit together, so a crash re-publishes nothing (consumers read
-        # committed). Refusing to start without it beats silently falling back to
-        # at-least-once.
-        "exactly.once.support": "required",
-        "transaction.boundary": "poll",
+        **delivery_config(delivery),
         "poll.interval.ms": str(poll_interval_ms(database)),
         "flotilla.idle.return.ms": str(IDLE_RETURN_MS),
         "max.batch.size": str(MAX_BATCH_SIZE),
@@ -216,7 +217,18 @@ def register_connector(connect_url: str, name: str, config: dict[str, str]) -> N
         current = None
     if isinstance(current, dict) and _without_name(current) == _without_name(config):
         return
-    _request(url, method="PUT", body=config)
+    try:
+        _request(url, method="PUT", body=config)
+    except ConnectError as exc:
+        if exc.status == 500 and config.get("exactly.once.support") == "required":
+            # A worker without exactly.once.source.support answers this with a bare NPE.
+            raise ConnectError(
+                f"{exc} — the connector requires exactly-once delivery: is the Connect worker's "
+                "exactly.once.source.support enabled? FLOTILLA_OUTBOX_DELIVERY and the worker must agree "
+                "(docs/operations/delivery.md)",
+                exc.status,
+            ) from exc
+        raise
 
 
 def _without_name(config: dict[str, Any]) -> dict[str, Any]:

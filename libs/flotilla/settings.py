@@ -16,6 +16,8 @@ from psycopg.conninfo import make_conninfo
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from flotilla.delivery import DEFAULT_DELIVERY, Delivery
+
 # Where a Kafka client connects: a bare bootstrap address (local stack, tests) or the
 # connection part of a librdkafka configuration (StackSettings.kafka_client()).
 KafkaTarget = str | Mapping[str, Any]
@@ -87,6 +89,9 @@ class StackSettings(BaseSettings):
     schema_registry_auth: str | None = Field(None, repr=False)
     schema_registry_auth_file: Path | None = None
     connect_url: str = "http://127.0.0.1:18083"
+    # How outbox rows reach their topics (flotilla.connectors.Delivery); the Connect worker's
+    # exactly.once.source.support must agree (the local stack and compose derive it from this).
+    outbox_delivery: Delivery = DEFAULT_DELIVERY
     # The stack's Prometheus (the estate's alerting rules) and Alertmanager (routes alerts to
     # the health agent): where tools and tests check them and query them.
     prometheus_url: str = "http://127.0.0.1:18120"

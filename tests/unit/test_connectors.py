@@ -5,21 +5,25 @@ from __future__ import annotations
 import re
 
 import pytest
+from pydantic import ValidationError
 
 from flotilla import connectors
 from flotilla.connectors import (
     BACKGROUND_POLL_INTERVAL_MS,
     DROP_NULL_HEADERS,
     POLL_INTERVAL_MS,
+    ConnectError,
     connector_name,
     outbox_connector_config,
     poll_interval_ms,
     transforms_config,
 )
+from flotilla.delivery import DEFAULT_DELIVERY, delivery_config, worker_exactly_once_source_support
 from flotilla.envelope import Envelope
 from flotilla.fleet import AUDIT, DIAGNOSTIC, DLQ_RECONCILER, EXECUTOR, FLEET, HEALTH, POLICY, REMEDIATION
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_MIGRATION, OUTBOX_TABLE
 from flotilla.provenance import SIGNATURE_HEADER
+from flotilla.settings import StackSettings
 
 ENV_REF = re.compile(r"\$\{env:[A-Z][A-Z0-9_]*\}")
 
@@ -219,21 +223,61 @@ def test_a_connector_publishes_only_its_services_topics() -> None:
     assert "predicates" not in outbox_connector_config("x")  # unrestricted: the compose outbox demo
 
 
-def test_outbox_connectors_require_exactly_once_and_every_worker_offers_it() -> None:
-    """A killed Connect worker must neither lose nor re-publish outbox rows (KIP-618): the
-    connectors refuse to run at-least-once, so every Connect we ship enables it."""
+def test_each_delivery_mode_is_one_worker_setting_and_one_connector_setting() -> None:
+    """Exactly-once is the worker's (every task of an enabled worker is transactional) and is
+    *required* by the connector, so that a worker without it refuses the connector rather
+    than silently publishing at-least-once; at-least-once asks nothing of either."""
+    eos = outbox_connector_config("flotilla_health", delivery="exactly-once")
+    assert eos["exactly.once.support"] == "required" and eos["transaction.boundary"] == "poll"
+    assert worker_exactly_once_source_support("exactly-once") == "enabled"
+    alo = outbox_connector_config("flotilla_health", delivery="at-least-once")
+    assert "exactly.once.support" not in alo and "transaction.boundary" not in alo
+    assert worker_exactly_once_source_support("at-least-once") == "disabled"
+    # nothing else differs between the two
+    assert {k: v for k, v in eos.items() if k not in alo} == delivery_config("exactly-once")
+    assert {k: v for k, v in eos.items() if k in alo} == alo
+    with pytest.raises(ValueError, match="unknown outbox delivery"):
+        worker_exactly_once_source_support("exactly-twice")  # type: ignore[arg-type]
+
+
+def test_every_connect_we_ship_runs_the_default_delivery() -> None:
+    """The generated connector definitions (compose, Kubernetes) and every worker we ship
+    agree with DEFAULT_DELIVERY; the local stack derives its worker from the setting."""
     from pathlib import Path
 
     import yaml
 
     root = Path(__file__).resolve().parents[2]
-    config = outbox_connector_config("flotilla_health")
-    assert config["exactly.once.support"] == "required" and config["transaction.boundary"] == "poll"
+    worker = worker_exactly_once_source_support(DEFAULT_DELIVERY)
     compose = yaml.safe_load((root / "docker-compose.yml").read_text())
-    assert compose["services"]["connect"]["environment"]["CONNECT_EXACTLY_ONCE_SOURCE_SUPPORT"] == "enabled"
+    assert compose["services"]["connect"]["environment"]["CONNECT_EXACTLY_ONCE_SOURCE_SUPPORT"] == worker
     strimzi = yaml.safe_load((root / "infra" / "k8s" / "base" / "connect" / "kafkaconnect.yaml").read_text())
-    assert strimzi["spec"]["config"]["exactly.once.source.support"] == "enabled"
-    assert "exactly.once.source.support=enabled" in (root / "infra" / "local" / "stackctl.py").read_text()
+    assert strimzi["spec"]["config"]["exactly.once.source.support"] == worker
+    assert StackSettings().outbox_delivery == DEFAULT_DELIVERY
+    assert StackSettings(outbox_delivery="exactly-once").outbox_delivery == "exactly-once"
+    with pytest.raises(ValidationError):
+        StackSettings(outbox_delivery="exactly-twice")  # type: ignore[arg-type]
+
+
+def test_a_worker_without_exactly_once_gets_a_clear_error_from_an_exactly_once_registration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connect answers a connector that requires exactly-once on a worker without it with a
+    bare NullPointerException (HTTP 500): the error says what to check."""
+
+    def refuse(url: str, method: str = "GET", body: object | None = None) -> object:
+        if method == "GET":
+            raise ConnectError("GET -> 404", 404)
+        raise ConnectError('PUT -> 500: {"message":"Cannot invoke ConfigValueInfo.errors()"}', 500)
+
+    monkeypatch.setattr(connectors, "_request", refuse)
+    config = outbox_connector_config("flotilla_health", delivery="exactly-once")
+    with pytest.raises(ConnectError, match=r"exactly\.once\.source\.support enabled"):
+        connectors.register_connector("http://connect", "outbox-flotilla-health", config)
+    # the same refusal of an at-least-once connector is passed on as it is
+    with pytest.raises(ConnectError, match="Cannot invoke") as raised:
+        connectors.register_connector("http://connect", "outbox-flotilla-health", outbox_connector_config("x"))
+    assert "exactly.once.source.support" not in str(raised.value)
 
 
 def test_a_task_hands_over_each_row_at_once_and_reads_a_one_partition_offsets_topic() -> None:

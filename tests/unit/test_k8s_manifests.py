@@ -1003,7 +1003,8 @@ def test_kafka_users_grant_exactly_what_each_client_does(overlay: str, objects: 
     internal = {kc["spec"][f"{k}StorageTopic"] for k in ("config", "offset", "status")}
     connect = {("group", kc["spec"]["groupId"], "Read")} | _produces(_outbox_topics())
     connect |= {("topic", t, op) for t in internal for op in ("Read", "Write", "Describe", "DescribeConfigs", "Create")}
-    # exactly-once source: the leader's transactional id and one per connector task
+    # exactly-once source only (flotilla.delivery): the leader's transactional id and one
+    # per connector task; at-least-once produces without transactions and is granted none
     group = kc["spec"]["groupId"]
     transactional = [f"connect-cluster-{group}"]
     transactional += [
@@ -1011,7 +1012,8 @@ def test_kafka_users_grant_exactly_what_each_client_does(overlay: str, objects: 
         for c in of_kind(objects, "KafkaConnector")
         for task in range(c["spec"]["tasksMax"])
     ]
-    connect |= {("transactionalId", t, op) for t in transactional for op in ("Write", "Describe")}
+    if kc["spec"]["config"]["exactly.once.source.support"] == "enabled":
+        connect |= {("transactionalId", t, op) for t in transactional for op in ("Write", "Describe")}
     expected[CONNECT_USER] = connect
     # KEDA: Describe on the groups it measures and their topics, nothing more.
     keda: set[Grant] = set()
