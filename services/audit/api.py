@@ -168,9 +168,11 @@ def make_routes(
                     "WHERE incident_id = %s",
                     (incident_id,),
                 ).fetchone()
+                # Exact copies of earlier records (re-published outbox rows) are in the log,
+                # not in the timeline: an event happened once however often it was delivered.
                 rows = cur.execute(
                     f"SELECT {_TIMELINE_COLUMNS} FROM audit_log WHERE ce_correlationid = %s AND seq > %s "
-                    "ORDER BY seq LIMIT %s",
+                    "AND redelivery_of IS NULL ORDER BY seq LIMIT %s",
                     (incident_id, after, limit + 1),  # one more: is there a next page?
                 ).fetchall()
                 more = len(rows) > limit
@@ -187,7 +189,8 @@ def make_routes(
                 if wanted:
                     causes = cur.execute(
                         f"SELECT DISTINCT ON (ce_id) {_TIMELINE_COLUMNS} FROM audit_log "
-                        "WHERE ce_correlationid = %s AND ce_id = ANY(%s) ORDER BY ce_id, topic LIKE '%%.dlq', seq",
+                        "WHERE ce_correlationid = %s AND ce_id = ANY(%s) AND redelivery_of IS NULL "
+                        "ORDER BY ce_id, topic LIKE '%%.dlq', seq",
                         (incident_id, wanted),
                     ).fetchall()
             return {

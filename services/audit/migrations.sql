@@ -27,6 +27,10 @@ CREATE TABLE IF NOT EXISTS audit_log (
     UNIQUE (topic, partition, "offset")
 );
 CREATE INDEX IF NOT EXISTS audit_log_correlation_idx ON audit_log (ce_correlationid, seq);
+-- An exact copy of an earlier record (an outbox row published twice: at-least-once delivery)
+-- names that entry. Derived from the log, so outside the sealed content; set on insert only.
+ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS redelivery_of bigint;
+CREATE INDEX IF NOT EXISTS audit_log_event_idx ON audit_log (topic, ce_id);
 
 CREATE OR REPLACE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -6,6 +6,13 @@ replica serialize and the chain stays linear; the lock is held until the batch c
 the log (same topic/partition/offset: a redelivery after a crash between the commit and
 the offset commit) is skipped, not appended twice.
 
+A record *published* twice (at-least-once outbox delivery, flotilla.delivery: Connect
+re-publishes the rows of its last second after a crash) sits at two positions, so both are
+entries, but the later one is an exact copy of the earlier (topic, key, headers and value,
+event id included) and is marked ``redelivery_of`` that entry's seq: the log stays a log of
+every record, and every view by event (the incident projection, timelines) counts each
+event once. The mark is derived from the log (recomputable from it), so it is not sealed.
+
 A value is decoded through the registry when it can be; when it cannot (poison, foreign
 bytes, a schema id of the wrong kind) the entry keeps the raw bytes and says why, so no
 record can stop the audit. Decoding failures caused by the registry being unreachable
@@ -29,12 +36,17 @@ from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
 from services.audit.timeline import event_time, next_status
 
 APPENDED = Counter("flotilla_audit_entries_total", "Records appended to the audit chain.", ["topic"])
+REDELIVERED = Counter(
+    "flotilla_audit_redeliveries_total",
+    "Entries that are an exact copy of an earlier record (a re-published outbox row).",
+    ["topic"],
+)
 
 _INSERT = """
 INSERT INTO audit_log (seq, topic, partition, "offset", record_key, kafka_timestamp_ms, headers, ce_id, ce_type,
     ce_source, ce_time, ce_correlationid, ce_causationid, record_type, record_value, value_json, decode_error,
-    recorded_at, prev_hash, entry_hash, signature, key_id)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    recorded_at, prev_hash, entry_hash, signature, key_id, redelivery_of)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 _UPSERT_INCIDENT = """
@@ -110,6 +122,7 @@ class Recorder:
         seq, previous = int(head[0]), bytes(head[1])
         present = _present(conn, msgs)
         sealed: list[Sealed] = []
+        copies: dict[int, int] = {}
         now = self._clock()
         for msg in msgs:
             coordinates = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
@@ -121,9 +134,10 @@ class Recorder:
             sealed.append(item)
             previous = item.entry_hash
         if sealed:
+            copies = redeliveries(conn, [s.entry for s in sealed])
             with conn.cursor() as cur:
-                cur.executemany(_INSERT, [_row(s) for s in sealed])
-            _project(conn, sealed)
+                cur.executemany(_INSERT, [_row(s, copies.get(s.entry.seq)) for s in sealed])
+            _project(conn, [s for s in sealed if s.entry.seq not in copies])
             conn.execute(
                 "UPDATE audit_chain_head SET seq = %s, hash = %s, updated_at = now() WHERE id = 1", (seq, previous)
             )
@@ -131,8 +145,46 @@ class Recorder:
         def after() -> None:
             for item in sealed:
                 APPENDED.labels(item.entry.topic).inc()
+                if item.entry.seq in copies:
+                    REDELIVERED.labels(item.entry.topic).inc()
 
         return after
+
+
+Copy = tuple[str, str, bytes | None, str, bytes | None]  # topic, event id, key, headers, value
+
+
+def _copy_key(e: Entry) -> Copy | None:
+    return None if e.ce_id is None else (e.topic, e.ce_id, e.key, e.headers, e.value)
+
+
+def redeliveries(conn: psycopg.Connection[Any], entries: Sequence[Entry]) -> dict[int, int]:
+    """seq -> the seq of the first entry it is an exact copy of, for each of ``entries`` (in
+    seq order) that repeats an earlier entry of the log or of the batch; one indexed read."""
+    wanted = [e for e in entries if e.ce_id is not None]
+    if not wanted:
+        return {}
+    first: dict[Copy, int] = {}
+    for seq, topic, ce_id, key, headers, value in conn.execute(
+        "SELECT min(seq), topic, ce_id, record_key, headers, record_value FROM audit_log "
+        "WHERE (topic, ce_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) AND redelivery_of IS NULL "
+        "GROUP BY topic, ce_id, record_key, headers, record_value",
+        ([e.topic for e in wanted], [e.ce_id for e in wanted]),
+    ).fetchall():
+        first[(topic, ce_id, _bytes(key), headers, _bytes(value))] = int(seq)
+    copies: dict[int, int] = {}
+    for e in wanted:
+        key = _copy_key(e)
+        assert key is not None
+        if key in first:
+            copies[e.seq] = first[key]
+        else:
+            first[key] = e.seq
+    return copies
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
 
 
 def _present(conn: psycopg.Connection[Any], msgs: Sequence[Message]) -> set[tuple[str, int, int]]:
@@ -148,7 +200,7 @@ def _present(conn: psycopg.Connection[Any], msgs: Sequence[Message]) -> set[tupl
     return {(str(t), int(p), int(o)) for t, p, o in rows}
 
 
-def _row(item: Sealed) -> tuple[Any, ...]:
+def _row(item: Sealed, redelivery_of: int | None = None) -> tuple[Any, ...]:
     e = item.entry
     return (
         e.seq,
@@ -173,6 +225,7 @@ def _row(item: Sealed) -> tuple[Any, ...]:
         item.entry_hash,
         item.signature,
         item.key_id,
+        redelivery_of,
     )
 
 

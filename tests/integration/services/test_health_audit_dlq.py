@@ -770,6 +770,44 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
     assert "changed" in verdict["firstBroken"]["problem"]
 
 
+def test_a_republished_record_is_entered_as_a_redelivery_and_the_event_counts_once(
+    stack: StackSettings, serde: AvroSerde, audit: tuple[ServiceContext, AuditSettings, Signer]
+) -> None:
+    """At-least-once outbox delivery re-publishes rows after a Connect crash: an exact copy
+    (key, headers and value) is in the log at its own position, marked as the redelivery of
+    the first; a record that reuses the id with another value is not a copy and is entered
+    as itself. The incident's projection and timeline count the event once."""
+    ctx, settings, signer = audit
+    incident = f"incident-redelivered-{RUN}"
+    value, latency = latency_fact(incident)
+    original = (incident, serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, value), latency.headers())
+    forged_value = {**value, "p95LatencyMs": value["p95LatencyMs"] + 1}
+    other = (incident, serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, forged_value), latency.headers())
+    produce(stack, AUDITED, [original, original])  # in one batch: the copy follows its original
+    loop = audit_service.raw_loop(ctx, settings, signer)
+    entered = "SELECT seq, redelivery_of FROM audit_log WHERE ce_id = %s ORDER BY seq"
+    try:
+        drain_until(loop.poll_once, lambda: len(query(stack, AUDIT_DB, entered, latency.id)) == 2, what="2 entries")
+        produce(stack, AUDITED, [original, other])  # in a later batch: against the log
+        drain_until(loop.poll_once, lambda: len(query(stack, AUDIT_DB, entered, latency.id)) == 4, what="4 entries")
+    finally:
+        loop.close()
+
+    (first, _), *rest = query(stack, AUDIT_DB, entered, latency.id)
+    assert [mark for _, mark in rest] == [first, first, None]
+    app = create_app(settings.service_name, lambda: True)
+    assert ctx.spec.routes is not None
+    ctx.spec.routes(app, ctx)
+    client = TestClient(app)
+    (mine,) = [i for i in client.get("/incidents").json()["incidents"] if i["incidentId"] == incident]
+    assert mine["entries"] == 2  # the event and the record that reused its id
+    timeline = client.get(f"/incidents/{incident}/timeline").json()["timeline"]
+    assert sorted(e["value"]["p95LatencyMs"] for e in timeline) == sorted(
+        [value["p95LatencyMs"], forged_value["p95LatencyMs"]]
+    )
+    assert REGISTRY.get_sample_value("flotilla_audit_redeliveries_total", {"topic": AUDITED}) == 2
+
+
 # ============================================================== DLQ reconciler
 
 
