@@ -329,8 +329,11 @@ def stack_settings(specs: Iterable[ServiceSpec], registrar_file: Path | None = N
     kafka = _published(by_name["kafka"])
     registry = _published(by_name["schema-registry"])
     connect = _published(by_name["connect"])
+    exactly_once = by_name["connect"].environment.get("CONNECT_EXACTLY_ONCE_SOURCE_SUPPORT") == "enabled"
     env = {
         "FLOTILLA_STACK": "docker",
+        # what the compose Connect worker does, so connectors registered from the host agree
+        "FLOTILLA_OUTBOX_DELIVERY": "exactly-once" if exactly_once else "at-least-once",
         "FLOTILLA_PROFILE": "demo",  # the compose file's demo, like the local stack
         "FLOTILLA_KAFKA_BOOTSTRAP": f"{kafka.host_ip}:{kafka.host_port}",
         # Apicurio, as in the local stack: the Confluent API under /apis/ccompat/v7.
