@@ -17,8 +17,10 @@ no pooled connection. Workflows are enqueued on a DBOS queue whose worker concur
 ``--concurrency``; DBOS polls the queue every ``--poll-interval`` seconds (its default is 1 s).
 
 Timed: from enqueuing the first workflow to receiving the last result. Latency of a workflow:
-its enqueue to its completion as DBOS recorded it. CPU: this process, where DBOS runs (not
-PostgreSQL's). A few warm-up workflows run first and are not counted. ``--database`` and
+its enqueue to its completion as DBOS recorded it. CPU: this process, where DBOS runs, and
+PostgreSQL's over the same window (every PostgreSQL process but the WAL senders of
+Flotilla's idle outbox connectors, read from /proc as benchmarks/idle_footprint.py does).
+A few warm-up workflows run first and are not counted. ``--database`` and
 ``<database>_sys`` (DBOS's system database) are dropped and created at the start and dropped
 at the end, so runs are independent. The last line printed is one JSON object.
 """
@@ -40,6 +42,8 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from dbos import DBOS, DBOSConfig, Queue, SetWorkflowID, SQLAlchemyDatasource
+from idle_footprint import cpu_between
+from idle_footprint import snapshot as processes_snapshot
 from psycopg import sql
 
 CHAIN = (
@@ -99,6 +103,7 @@ class Options:
 class Run:
     wall_s: float
     cpu_s: float
+    postgres_cpu_s: float  # every PostgreSQL process but the WAL senders, over the same window
     latencies_ms: list[float]
     queue_waits_ms: list[float]
 
@@ -229,16 +234,19 @@ def new_incidents(count: int) -> list[str]:
 
 def measure(queue: Queue, workflow: Callable[[str], int], count: int) -> tuple[Run, list[str]]:
     incident_ids = new_incidents(count)
+    postgres_start = processes_snapshot()
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     enqueued = run_batch(queue, workflow, incident_ids)
     wall_s, cpu_s = time.perf_counter() - wall_start, time.process_time() - cpu_start
+    postgres_cpu_s = cpu_between(postgres_start, processes_snapshot()).get("postgresql", 0.0)
     latencies, waits = [], []
     for status in DBOS.list_workflows(workflow_ids=incident_ids, load_input=False, load_output=False):
         if status.completed_at is None or status.dequeued_at is None:
             raise RuntimeError(f"{status.workflow_id} has no completion recorded ({status.status})")
         latencies.append(status.completed_at - enqueued[status.workflow_id])
         waits.append(status.dequeued_at - enqueued[status.workflow_id])
-    return Run(wall_s=wall_s, cpu_s=cpu_s, latencies_ms=latencies, queue_waits_ms=waits), incident_ids
+    run = Run(wall_s=wall_s, cpu_s=cpu_s, postgres_cpu_s=postgres_cpu_s, latencies_ms=latencies, queue_waits_ms=waits)
+    return run, incident_ids
 
 
 def check_rows(datasource: SQLAlchemyDatasource, incident_ids: list[str]) -> None:
@@ -267,6 +275,7 @@ def summary(options: Options, run: Run) -> dict[str, Any]:
         "p50_ms": round(percentile(run.latencies_ms, 50), 1),
         "p99_ms": round(percentile(run.latencies_ms, 99), 1),
         "cpu_s": round(run.cpu_s, 2),
+        "postgres_cpu_s": round(run.postgres_cpu_s, 2),
         "poll_interval_s": options.poll_interval,
     }
 
@@ -287,6 +296,7 @@ def print_table(result: dict[str, Any], run: Run, idle_threads: int) -> None:
             f"{percentile(run.queue_waits_ms, 50):.1f} / {percentile(run.queue_waits_ms, 99):.1f} ms",
         ),
         ("CPU (this process)", f"{result['cpu_s']:.2f} s = {result['cpu_s'] / result['wall_s']:.0%} of a core"),
+        ("CPU (PostgreSQL)", f"{result['postgres_cpu_s']:.2f} s"),
         ("threads after warm-up", idle_threads),
     ]
     width = max(len(label) for label, _ in rows)

@@ -4,7 +4,7 @@
 
 One hop, as every service makes it, on the real stack: a row is committed to an outbox
 (with a state change, in its own transaction), Debezium reads it from the WAL, Kafka
-Connect produces it in an exactly-once transaction to a topic of the benchmark's own, and
+Connect produces it (as the stack delivers: FLOTILLA_OUTBOX_DELIVERY) to a topic of the benchmark's own, and
 a ``ConsumerLoop`` (the library's, default settings, the workflow gate on) fetches it,
 claims it, runs a handler that writes one row, and commits. Rows go one at a time (the
 next only after the previous hop committed), so no stage queues behind another. Each row
@@ -14,8 +14,9 @@ is timestamped at every stage it passes, on this machine's clock:
     wal read     Debezium read the row from the WAL: the record's timestamp, which the
                  outbox router takes from Debezium's event (its processing time, ms)
     appended     a read_uncommitted consumer has it: Connect's producer sent it and the
-                 broker appended it (its transaction still open)
-    visible      a read_committed consumer has it: Connect's transaction committed
+                 broker appended it (with exactly-once delivery, its transaction still open)
+    visible      a read_committed consumer has it: with exactly-once delivery, Connect's
+                 transaction committed; at-least-once, at once
     fetched      the service's consumer loop got it from poll()
     handled      decoded, claimed, through the workflow gate, its handler returned
     committed    the loop's database transaction committed (before its offsets are stored)
@@ -210,7 +211,8 @@ def main() -> None:
     floor_ms = sorted(floor(settings))
     print(
         f"one hop, {len(complete)} rows one at a time (after {args.warmup} warm-up rows; a random "
-        f"0-{args.pause_ms:.0f} ms pause before each){f'; {lost} not committed within 30 s' if lost else ''}"
+        f"0-{args.pause_ms:.0f} ms pause before each){f'; {lost} not committed within 30 s' if lost else ''}; "
+        f"outbox delivery {settings.outbox_delivery}"
     )
     print(f"  {'stage':<36} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     previous = "began"

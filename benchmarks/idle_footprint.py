@@ -5,10 +5,11 @@
 Nothing is injected: the sim runs healthy, Prometheus scrapes it (and evaluates the alert
 rule) every second, the health agent queries Prometheus every second, every loop polls.
 Processes are found from /proc by what they run (Kafka, Kafka Connect, the registry,
-Prometheus, Alertmanager, every PostgreSQL process together, each service's ``python -m services.<name>``, the
-supervisors), and their CPU time is read twice, ``--seconds`` apart. Memory is the
-proportional set size (PSS: shared pages split between the processes sharing them), so
-PostgreSQL's shared buffers are not counted once per backend.
+Prometheus, Alertmanager, PostgreSQL's WAL senders and its other processes, each
+service's ``python -m services.<name>``, the supervisors), and their CPU time is read
+twice, ``--seconds`` apart. Memory is the proportional set size (PSS: shared pages split
+between the processes sharing them), so PostgreSQL's shared buffers are not counted once
+per backend.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def _processes() -> Iterator[tuple[int, str, str]]:
 
 def component_of(comm: str, cmdline: str) -> str | None:
     if comm == "postgres":
-        return "postgresql"
+        # The logical-decoding senders apart (one per outbox connector, each decoding the
+        # whole cluster's WAL): what sharing one connector between databases could save.
+        return "postgresql-walsenders" if "walsender" in cmdline else "postgresql"
     if " -m services." in cmdline:
         return cmdline.split(" -m services.", 1)[1].split()[0]
     for name, marker in COMPONENTS:
