@@ -7,7 +7,10 @@ For each incident: reset the sim, slow down payments-dev (so checkout-dev breach
 the chain as it arrives at a consumer, from ServiceLatencyIncreased to RecoveryExecuted.
 The simulated action time (RecoveryExecuted.actionDurationMs) is taken out of the
 figures: it is the sim pretending to scale, not Flotilla. Detection (scrapes and
-hysteresis) comes before ServiceLatencyIncreased and is not counted either.
+hysteresis) comes before ServiceLatencyIncreased and is not counted either. When
+Alertmanager's alert reaches the health agent before its own reading does, the incident
+opens with ServiceDegraded instead: it stands in for ServiceLatencyIncreased (the same
+link, the record that opens the incident).
 
 The floor is one PostgreSQL commit plus one raw Kafka produce → consume round trip, on
 the same machine and in the same run: what a hop through the outbox cannot beat.
@@ -35,6 +38,8 @@ from flotilla.settings import StackSettings, load_settings
 from flotilla.tailing import tail_consumer
 from services.health_agent.scrape import settled
 
+# An incident opened by an alert starts with ServiceDegraded: the same first link.
+OPENED_BY = {"ServiceDegraded": "ServiceLatencyIncreased"}
 CHAIN = [
     "ServiceLatencyIncreased",
     "DiagnosisRequested",
@@ -100,7 +105,7 @@ def one_incident(settings: StackSettings, serde: AvroSerde) -> dict[str, float]:
                 decoded = serde.deserialize(msg.value())
             except (ValueError, SerdeError):
                 continue
-            kind = decoded.record_name.rsplit(".", 1)[-1]
+            kind = OPENED_BY.get(decoded.record_name.rsplit(".", 1)[-1], decoded.record_name.rsplit(".", 1)[-1])
             if incident is None:
                 if kind != "ServiceLatencyIncreased" or decoded.value.get("service") != "checkout-dev":
                     continue

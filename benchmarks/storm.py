@@ -29,6 +29,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,7 +189,8 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
     idle_from, idle_started = snapshot(), time.monotonic()
     time.sleep(BASELINE_SECONDS)
     idle = cpu_between(idle_from, snapshot())
-    idle_rate = sum(idle.values()) / (time.monotonic() - idle_started)
+    idle_seconds = time.monotonic() - idle_started
+    idle_rate = sum(idle.values()) / idle_seconds
     shops = {f"shop-{i:04d}" for i in range(faults)}
     tail = Tail(settings, serde)
     tail.start()
@@ -247,6 +249,12 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
         # the same minus what the machine spent at rest over as long (estate, monitoring, idle loops)
         "added_cpu_s_per_incident": round((sum(cpu.values()) - idle_rate * measured) / len(done), 3),
         "idle_cpu_pct": round(100 * idle_rate, 1),
+        # where the added CPU went, ms per incident and component
+        "added_ms_per_incident": {
+            name: ms
+            for name, spent in sorted(cpu.items(), key=lambda x: -x[1])
+            if (ms := round(1000 * (spent - idle.get(name, 0.0) / idle_seconds * measured) / len(done))) != 0
+        },
     }
 
 
@@ -281,14 +289,18 @@ def main() -> None:
     parser.add_argument("--no-dbos", action="store_true", help="skip the DBOS baseline")
     parser.add_argument("--warmup", type=int, default=50, help="faults of the unmeasured first storm (0: none)")
     args = parser.parse_args()
+    # Stopped (SIGTERM), still put Prometheus back and stop the fleet: the finally blocks run.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sizes = [int(k) for k in args.faults.split(",")]
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
     results: list[dict[str, Any]] = []
-    with storm_prometheus(settings):
-        for replicas in [int(r) for r in args.replicas.split(",")]:
-            results += storms(settings, serde, replicas, sizes, args)
-    fleet("down", {**os.environ})
+    try:
+        with storm_prometheus(settings):
+            for replicas in [int(r) for r in args.replicas.split(",")]:
+                results += storms(settings, serde, replicas, sizes, args)
+    finally:
+        fleet("down", {**os.environ})
     baselines = {} if args.no_dbos else {k: dbos(k) for k in sizes}
     for b in baselines.values():
         print(json.dumps(b), flush=True)
@@ -351,6 +363,7 @@ def report(results: list[dict[str, Any]], baselines: dict[int, dict[str, Any]]) 
     print(f"CPU per component at K={busiest['incidents']}, R={busiest['replicas']} (% of a core): {busiest['cpu_pct']}")
     print(f"each link of the chain there, p50 ms: {busiest['link_p50_ms']}")
     print(f"the agents' slow calls there, [count, mean ms]: {busiest['gather_mean_ms']}")
+    print(f"added CPU per incident there, ms per component: {busiest['added_ms_per_incident']}")
     print(f"median CPU per incident: {statistics.median(r['cpu_s_per_incident'] for r in results):.3f} s")
 
 
