@@ -29,6 +29,7 @@ if str(REPO_ROOT / "libs") not in sys.path:  # runs from a checkout without `pip
 from flotilla_ops.generated import write_or_check  # noqa: E402
 
 from flotilla.connectors import connector_name, outbox_connector_config  # noqa: E402
+from flotilla.delivery import DEFAULT_DELIVERY, DELIVERIES, Delivery  # noqa: E402
 from flotilla.outbox import OUTBOX_MIGRATION  # noqa: E402
 
 CONNECTORS_DIR = REPO_ROOT / "infra" / "connectors"
@@ -41,9 +42,9 @@ SQL_HEADER = (
 )
 
 
-def connector_json(database: str) -> str:
+def connector_json(database: str, delivery: Delivery = DEFAULT_DELIVERY) -> str:
     """The connector definition, name first and config second (connect-init relies on it)."""
-    doc = {"name": connector_name(database), "config": outbox_connector_config(database)}
+    doc = {"name": connector_name(database), "config": outbox_connector_config(database, delivery=delivery)}
     return json.dumps(doc, indent=2) + "\n"
 
 
@@ -51,9 +52,9 @@ def outbox_sql() -> str:
     return SQL_HEADER + OUTBOX_MIGRATION.lstrip("\n")
 
 
-def rendered() -> dict[Path, str]:
+def rendered(delivery: Delivery = DEFAULT_DELIVERY) -> dict[Path, str]:
     """Every generated file and the content it must have."""
-    files = {CONNECTORS_DIR / f"{connector_name(db)}.json": connector_json(db) for db in DATABASES}
+    files = {CONNECTORS_DIR / f"{connector_name(db)}.json": connector_json(db, delivery) for db in DATABASES}
     files[POSTGRES_INIT_DIR / "01-outbox.sql"] = outbox_sql()
     return files
 
@@ -61,8 +62,16 @@ def rendered() -> dict[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is missing or stale")
+    parser.add_argument(
+        "--delivery",
+        choices=DELIVERIES,
+        default=DEFAULT_DELIVERY,
+        help="outbox delivery the compose Connect worker runs (docs/operations/delivery.md)",
+    )
     args = parser.parse_args(argv)
-    return write_or_check(rendered(), check=args.check, root=REPO_ROOT, regenerate="python infra/connectors/render.py")
+    return write_or_check(
+        rendered(args.delivery), check=args.check, root=REPO_ROOT, regenerate="python infra/connectors/render.py"
+    )
 
 
 if __name__ == "__main__":
