@@ -146,13 +146,20 @@ def storm_prometheus(settings: StackSettings) -> Iterator[None]:
     }
     config.pop("rule_files", None)
     config.pop("alerting", None)
-    PROMETHEUS_CONFIG.write_text(yaml.safe_dump(config))
+    replace_text(PROMETHEUS_CONFIG, yaml.safe_dump(config))
     http("POST", f"{settings.prometheus_url}/-/reload", None)
     try:
         yield
     finally:
-        PROMETHEUS_CONFIG.write_text(original)
+        replace_text(PROMETHEUS_CONFIG, original)
         http("POST", f"{settings.prometheus_url}/-/reload", None)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a signal mid-write once left Prometheus an empty config)."""
+    partial = path.with_suffix(".storm-tmp")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def gathers() -> dict[str, tuple[float, float]]:
@@ -289,8 +296,14 @@ def main() -> None:
     parser.add_argument("--no-dbos", action="store_true", help="skip the DBOS baseline")
     parser.add_argument("--warmup", type=int, default=50, help="faults of the unmeasured first storm (0: none)")
     args = parser.parse_args()
-    # Stopped (SIGTERM), still put Prometheus back and stop the fleet: the finally blocks run.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+    # Stopped (SIGTERM), still put Prometheus back and stop the fleet: the finally blocks run,
+    # and a second SIGTERM (`timeout` passes its own on) is ignored so it cannot cut them short.
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     sizes = [int(k) for k in args.faults.split(",")]
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
