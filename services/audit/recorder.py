@@ -151,11 +151,7 @@ class Recorder:
         return after
 
 
-Copy = tuple[str, str, bytes | None, str, bytes | None]  # topic, event id, key, headers, value
-
-
-def _copy_key(e: Entry) -> Copy | None:
-    return None if e.ce_id is None else (e.topic, e.ce_id, e.key, e.headers, e.value)
+Copy = tuple[str, str | None, bytes | None, str, bytes | None]  # topic, event id, key, headers, value
 
 
 def redeliveries(conn: psycopg.Connection[Any], entries: Sequence[Entry]) -> dict[int, int]:
@@ -174,8 +170,7 @@ def redeliveries(conn: psycopg.Connection[Any], entries: Sequence[Entry]) -> dic
         first[(topic, ce_id, _bytes(key), headers, _bytes(value))] = int(seq)
     copies: dict[int, int] = {}
     for e in wanted:
-        key = _copy_key(e)
-        assert key is not None
+        key = (e.topic, e.ce_id, e.key, e.headers, e.value)
         if key in first:
             copies[e.seq] = first[key]
         else:
