@@ -105,7 +105,8 @@ def one_incident(settings: StackSettings, serde: AvroSerde) -> dict[str, float]:
                 decoded = serde.deserialize(msg.value())
             except (ValueError, SerdeError):
                 continue
-            kind = OPENED_BY.get(decoded.record_name.rsplit(".", 1)[-1], decoded.record_name.rsplit(".", 1)[-1])
+            name = decoded.record_name.rsplit(".", 1)[-1]
+            kind = OPENED_BY.get(name, name)
             if incident is None:
                 if kind != "ServiceLatencyIncreased" or decoded.value.get("service") != "checkout-dev":
                     continue

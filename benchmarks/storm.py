@@ -88,7 +88,8 @@ STORM_SETTINGS = {
 # estate of thousands of services is more than 2 cores give; production scrapes every 15-60
 # s), and no rules or alerts (the readings open the incidents).
 PROMETHEUS_SCRAPE_SECONDS = 5
-PROMETHEUS_CONFIG = REPO / ".stack" / "run" / "prometheus.yml"
+# Where the stack rendered it (infra/local/stackctl.py: RUN under FLOTILLA_STACK_HOME).
+PROMETHEUS_CONFIG = Path(os.environ.get("FLOTILLA_STACK_HOME", REPO / ".stack")) / "run" / "prometheus.yml"
 # How long the estate is watched, healthy, before each storm: the idle rate of every
 # component, subtracted to give the CPU the incidents themselves added.
 BASELINE_SECONDS = 10.0
@@ -216,10 +217,10 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
             break
         time.sleep(0.2)
     cpu = cpu_between(cpu_before, snapshot())
-    gathered = {
-        kind: (seconds - gathered_before.get(kind, (0.0, 0.0))[0], count - gathered_before.get(kind, (0.0, 0.0))[1])
-        for kind, (seconds, count) in gathers().items()
-    }
+    gathered = {}
+    for kind, (seconds, count) in gathers().items():
+        seconds_before, count_before = gathered_before.get(kind, (0.0, 0.0))
+        gathered[kind] = (seconds - seconds_before, count - count_before)
     tail.stop.set()
     tail.join(10)
     done = [k for k in mine.values() if "RecoveryExecuted" in k]
