@@ -89,7 +89,7 @@ class StackSettings(BaseSettings):
     schema_registry_auth: str | None = Field(None, repr=False)
     schema_registry_auth_file: Path | None = None
     connect_url: str = "http://127.0.0.1:18083"
-    # How outbox rows reach their topics (flotilla.connectors.Delivery); the Connect worker's
+    # How outbox rows reach their topics (flotilla.delivery.Delivery); the Connect worker's
     # exactly.once.source.support must agree (the local stack and compose derive it from this).
     outbox_delivery: Delivery = DEFAULT_DELIVERY
     # The stack's Prometheus (the estate's alerting rules) and Alertmanager (routes alerts to
