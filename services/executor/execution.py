@@ -257,7 +257,7 @@ class Session:
             _tally(step, COMMAND_EXPIRED)
             return Failed(step, COMMAND_EXPIRED, _expired(step), retryable=False)
 
-        started = self.begin(step)
+        started = self.begin(step, handler_conn=conn)
         if started is None:
             if recorded is not None:
                 # An earlier attempt may have acted: no failure can be reported truthfully
@@ -272,9 +272,17 @@ class Session:
             return Replayed(step, begun)
         return self.act(step, lease, begun, now, handler_conn=conn)
 
-    def begin(self, step: Step) -> tuple[Lease, Begun | Execution] | None:
+    def begin(
+        self, step: Step, handler_conn: psycopg.Connection[Any] | None = None
+    ) -> tuple[Lease, Begun | Execution] | None:
         """Step 1: lease (new epoch, or ours renewed) + PENDING, in a short committed
-        transaction; None if another holder's lease did not expire within the wait."""
+        transaction; None if another holder's lease did not expire within the wait.
+
+        The wait (a little longer than a lease lives) outlasts the handler transaction's
+        idle bound (a lease's life): each failed attempt touches that transaction, as the
+        :class:`Heartbeat` does while the target acts, or PostgreSQL would end it and the
+        failure could never be reported (the record retried every wait, its partition stuck).
+        """
         config = self._x.config
         held = self._held.get(step.resource)
 
@@ -284,9 +292,11 @@ class Session:
                     lease: Lease | None = leases.renew(short, held, config.lease_ttl_seconds)
                 else:
                     lease = leases.acquire(short, step.resource, config.holder, config.lease_ttl_seconds)
-                if lease is None:
-                    return None
-                return lease, idempotency.begin(short, step, lease)
+                if lease is not None:
+                    return lease, idempotency.begin(short, step, lease)
+            if handler_conn is not None:
+                handler_conn.execute("SELECT 1")
+            return None
 
         started = leases.wait_for(attempt, wait_seconds=config.lease_wait_seconds, sleep=self._x.sleep)
         if started is not None:

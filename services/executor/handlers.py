@@ -4,8 +4,10 @@ A command: not signed by the policy service → refused (CommandRejected, dead l
 its idempotency key already belongs to another command → refused (CommandFailed
 KeyConflict, naming both); replay → nothing; proposal no longer open → refused;
 otherwise run it once under the resource's lease, report RecoveryExecuted or
-CommandFailed, and if it failed, undo the proposal's completed steps. A RecoveryFailed: undo the proposal's completed
-steps. A RecoveryCompleted: the proposal is done, nothing to undo any more.
+CommandFailed, and if it failed, undo the proposal's completed steps
+(CompensationCompleted, also when there was nothing to undo). A RecoveryFailed: undo the
+proposal's completed steps. A RecoveryCompleted: the proposal is done, nothing to undo
+any more.
 
 Leases, idempotency, the target and compensation live in their own modules; the
 transaction boundaries are explained in :mod:`services.executor.execution`.
@@ -160,10 +162,18 @@ class ExecutorHandlers:
     ) -> None:
         """Undo the proposal's completed steps, last first; report and close the saga."""
         completed = saga.completed(ctx.conn, proposal.proposal_id)
-        if not completed:
-            saga.close(ctx.conn, proposal.proposal_id, SagaStatus.ABORTED, f"{trigger}; nothing to undo")
-            return
         now = self.clock()
+        if not completed:
+            # Still said, with nothing undone: without an ending fact the incident stays FAILED,
+            # and a FAILED incident holds its service at the health agent, so no later breach of
+            # it would ever open an incident (found by a storm, where the sim went away mid-run).
+            summary = f"nothing to undo: no step of proposal {proposal.proposal_id} is recorded as carried out"
+            nothing = outcomes.compensation_completed(
+                proposal.incident_id, proposal.proposal_id, (), cause.id, summary, now
+            )
+            ctx.emit(nothing, key=proposal.incident_id)
+            saga.close(ctx.conn, proposal.proposal_id, SagaStatus.ABORTED, f"{trigger}; {summary}")
+            return
         report = compensation.run_plan(compensation.plan(completed), lambda undo: session.run(ctx.conn, undo, now))
         for done, outcome in report.undone:
             saga.mark_compensated(ctx.conn, done.step, outcome.step.command_id)

@@ -7,11 +7,14 @@ import json
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
+from flotilla import Status, WorkflowStore
 from flotilla.envelope import Envelope
-from flotilla.fleet import EXECUTOR
+from flotilla.fleet import EXECUTOR, HEALTH
 from flotilla.rawrecords import jsonable
+from services.executor import leases
 
 from .conftest import E2E_SETTINGS
 from .fleet import (
@@ -175,6 +178,39 @@ def test_a_redelivered_command_acts_once(fleet: Fleet, watch: Watch) -> None:
     watch.settle(4)
     assert len(watch.of(incident, "RecoveryExecuted")) == 1
     assert not watch.of(incident, "CommandFailed")
+
+
+def test_a_recovery_that_fails_before_changing_anything_still_ends(fleet: Fleet, watch: Watch) -> None:
+    """Someone else holds the resource's lease (a person's own change, another tool) for
+    longer than the executor waits, so the approved command fails without acting. The saga
+    still ends with a fact (nothing undone) and the incident is finished (COMPENSATED), not
+    FAILED for good: a FAILED incident was never finished, and held its service at the
+    health agent for as long as an alert about it stayed firing (a storm found ten such)."""
+    incident, request = awaiting_approval(fleet, watch)
+    resource = f"production/{DEMO_SERVICE}"
+    with psycopg.connect(fleet.stack.pg_dsn(str(EXECUTOR.database)), autocommit=True) as conn:
+        held = leases.acquire(conn, resource, "someone-else", 120)
+    assert held is not None
+    try:
+        fleet.approve(str(request.value["proposalId"]), str(request.value["digest"]))
+        # after the executor's 20 s lease wait, longer than its transaction may sit idle
+        failed = watch.kind("CommandFailed", incident, timeout=90)
+        assert failed.value["errorClass"] == "LeaseUnavailable"
+        ended = watch.kind("CompensationCompleted", incident)
+        assert ended.value["compensatedCommandIds"] == [] and "nothing to undo" in ended.value["summary"]
+        assert str(ended.value["causeEventId"]) == str(failed.value["eventId"])
+        assert not watch.of(incident, "RecoveryExecuted")
+    finally:
+        with psycopg.connect(fleet.stack.pg_dsn(str(EXECUTOR.database)), autocommit=True) as conn:
+            leases.release(conn, held)  # released, not deleted: an epoch never goes back
+    deadline = time.monotonic() + 30
+    with psycopg.connect(fleet.stack.pg_dsn(str(HEALTH.database)), autocommit=True) as conn:
+        while WorkflowStore.status_of(conn, incident) is not Status.COMPENSATED:
+            assert time.monotonic() < deadline, f"{incident} is {WorkflowStore.status_of(conn, incident)}"
+            time.sleep(0.2)
+    # the service's next breach is a new incident
+    with fleet.fresh_watch() as again:
+        assert open_incident(fleet, again) != incident
 
 
 def test_a_slow_diagnostic_job_outlives_a_restart_of_the_diagnostic_agent(fleet: Fleet, watch: Watch) -> None:

@@ -638,9 +638,14 @@ def test_an_expired_command_is_refused_and_not_retryable(
     ):
         drain(loop, 1)
     assert target.applied == [] and target.lookups == []
-    [(kind, failed)] = facts(stack, serde, incident)
+    [(kind, failed), (ending, nothing)] = facts(stack, serde, incident)
     assert kind == "CommandFailed"
     assert (failed["errorClass"], failed["retryable"], failed["fencingEpoch"]) == ("CommandExpired", False, None)
+    # The proposal's saga still ends in a fact: an incident left FAILED would hold its service
+    # at the health agent for good.
+    assert ending == "CompensationCompleted"
+    assert nothing["compensatedCommandIds"] == [] and "nothing to undo" in nothing["summary"]
+    assert str(nothing["causeEventId"]) == str(failed["eventId"])
 
 
 def test_a_failed_second_step_compensates_the_first(
@@ -1037,7 +1042,9 @@ def test_a_different_command_reusing_an_executed_key_is_refused_naming_both(
         drain(loop, 2)
     assert [k for k, _ in target.applied] == [key]  # the first only
     reported = facts(stack, serde, incident)
-    assert [t for t, _ in reported] == ["RecoveryExecuted", "CommandFailed"]
+    # the second's proposal had carried out nothing: its saga ends with nothing undone
+    assert [t for t, _ in reported] == ["RecoveryExecuted", "CommandFailed", "CompensationCompleted"]
+    assert reported[2][1]["compensatedCommandIds"] == [] and str(reported[2][1]["proposalId"]) == second["proposalId"]
     failed = reported[1][1]
     assert failed["errorClass"] == "KeyConflict" and failed["retryable"] is False
     assert str(failed["commandId"]) == second["commandId"]
