@@ -18,15 +18,16 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from flotilla_evidence.base import EvidenceUnavailable
 from flotilla_evidence.catalogue import Catalogue
 from flotilla_evidence.model import Series, ServiceView, Topology
 from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
-from flotilla_evidence.queries import Labels, Queries
+from flotilla_evidence.queries import DEFAULTS, Labels, Queries
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class PrometheusEvidence:
         self.step = step
         self._clock = clock
         self.name = client.base_url
+        # A snapshot's readings at once (one per query it asks); threads idle otherwise.
+        self._threads = ThreadPoolExecutor(max_workers=len(DEFAULTS) + 1, thread_name_prefix="evidence")
 
     # ------------------------------------------------------------- readings
 
@@ -200,34 +203,48 @@ class PrometheusEvidence:
         if around is not None and environment is None:
             environment = self._environment_running(around)
         names = None if around is None or environment is None else self._names_around(around, environment)
-        p95 = self._per_service(self._query("service_p95", services=names))
-        thresholds = self._thresholds(names)
+        # Once the names are known every reading is independent of the others: asked at
+        # once, a neighbourhood costs its slowest query rather than the sum of ten (an
+        # incident reads two neighbourhoods on its way to a recovery). Replicas and history
+        # are asked for every name, a superset of the services they are kept for below.
+        keys = None if names is None or environment is None else {(environment, n) for n in names}
+        found = self._together(
+            p95=lambda: self._per_service(self._query("service_p95", services=names)),
+            thresholds=lambda: self._thresholds(names),
+            edges=lambda: self._edges(names),
+            utilization=lambda: self._per_service(self._query("utilization", services=names)),
+            versions=lambda: self._versions(names, now),
+            edge_p95=lambda: self._query("edge_p95", services=names),
+            dependency_p95=lambda: self._query("dependency_p95", services=names),
+            replicas=lambda: {} if keys is None else self._replicas(keys),
+            history=lambda: {} if names is None or environment is None else self._history(names, environment, now),
+        )
+        p95: dict[Key, float] = found["p95"]
+        thresholds: dict[Key, float] = found["thresholds"]
+        edges: dict[tuple[str, str], float] = found["edges"]
+        versions: dict[Key, _Versions] = found["versions"]
         in_scope = {k for k in p95 if environment is None or k[0] == environment}
         if around is not None and (environment, around) not in in_scope:
             raise EvidenceUnavailable(
                 f"{self.name} has no p95 for {environment}/{around} now (no requests in the last "
                 f"{self.queries.window}, or its metrics are not scraped)"
             )
-        edges = self._edges(names)
         known = {name for _, name in in_scope} | {s for _, s in edges}
-        replicas = self._replicas(in_scope)
-        utilization = {
-            k[1]: v for k, v in self._per_service(self._query("utilization", services=names)).items() if k in in_scope
-        }
-        versions = self._versions(names, now)
+        replicas: dict[Key, int] = found["replicas"] if keys is not None else self._replicas(in_scope)
+        utilization = {k[1]: v for k, v in found["utilization"].items() if k in in_scope}
 
         services: dict[str, ServiceView] = {}
         dependency_p95: dict[tuple[str, str], float] = {}
         edge_p95 = {
             (r.labels.get(self.labels.client, ""), r.labels.get(self.labels.server, "")): r.value
-            for r in self._query("edge_p95", services=names)
+            for r in found["edge_p95"]
         }
         client_p95 = {
             (
                 r.labels.get(self.labels.service, ""),
                 self._peer(r.labels.get(self.labels.dependency, ""), known),
             ): r.value
-            for r in self._query("dependency_p95", services=names)
+            for r in found["dependency_p95"]
         }
         for key in sorted(in_scope):
             env, name = key
@@ -256,10 +273,10 @@ class PrometheusEvidence:
                 active_dependencies=active,
                 revision_changed_at=None if version is None else version.changed_at,
             )
-        history = {}
-        if around is not None and environment is not None and around in services:
-            centre = services[around]
-            history = self._history({around, *centre.active_dependencies.values()}, environment, now)
+        history: dict[str, Series] = {}
+        if around is not None and around in services:
+            kept = {around, *services[around].active_dependencies.values()}
+            history = {name: points for name, points in found["history"].items() if name in kept}
         return Topology(
             services=services,
             dependency_p95=dependency_p95,
@@ -268,6 +285,13 @@ class PrometheusEvidence:
             observed_at=now,
             source=self.name,
         )
+
+    def _together(self, **readings: Callable[[], Any]) -> dict[str, Any]:
+        """Each reading, asked at once on this source's threads; the first failure raises
+        (PrometheusUnavailable: no decision on part of an answer) once all have ended."""
+        futures = {name: self._threads.submit(read) for name, read in readings.items()}
+        wait(futures.values())
+        return {name: future.result() for name, future in futures.items()}
 
     def _environment_running(self, name: str) -> str:
         """Where ``name`` runs, for a caller that did not say: the only environment its p95
