@@ -1,5 +1,6 @@
 """What the health agent does with consumed records: learn plans, count executed steps,
-open a verification window when a plan's last step has run.
+open a verification window when a plan's last step has run, hand a failed recovery to
+people while its service still breaches.
 
 A proposal is done when every one of its commands has a RecoveryExecuted. The steps are
 learnt from the RecoveryProposed on the same topic (it precedes its executions in the
@@ -9,6 +10,10 @@ never start a verification.
 The window starts ``lag`` after the last step ran: a p95 over a PromQL rate window still
 counts requests from before the fix until the window has passed, and such a reading says
 nothing about the recovery (``FLOTILLA_HEALTH_METRICS_LAG_SECONDS``).
+
+A failed recovery the executor undid (CompensationCompleted) while the service still
+breaches goes to people (IncidentEscalated): the detector opens one incident per breach,
+so nothing else would happen until the service recovered by itself.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from datetime import UTC, datetime, timedelta
 
 from psycopg.types.json import Jsonb
 
-from flotilla import Handler, HandlerContext, ServiceContext
-from flotilla.records import RecoveryExecuted, RecoveryProposed
+from flotilla import Handler, HandlerContext, ServiceContext, escalation
+from flotilla.records import CompensationCompleted, RecoveryExecuted, RecoveryProposed
+from services.health_agent.detector import Phase
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +100,33 @@ def make_on_executed(window_seconds: float, clock: Callable[[], datetime], lag_s
     return on_executed
 
 
+def on_compensated(ctx: HandlerContext) -> None:
+    undone = ctx.incoming.typed(CompensationCompleted)
+    incident = undone.incident_id
+    still = ctx.conn.execute(
+        "SELECT environment, service, last_p95_ms, threshold_ms FROM detector_state "
+        "WHERE open_incident = %s AND phase = %s",
+        (incident, Phase.BREACHING.value),
+    ).fetchone()
+    if still is None:
+        return  # the service is healthy again (or was never this agent's reading): the incident ends here
+    environment, service, p95_ms, threshold_ms = still
+    reading = "" if p95_ms is None or threshold_ms is None else f": p95 {p95_ms:.0f} ms against {threshold_ms:.0f} ms"
+    reason = (
+        f"recovery {undone.proposal_id} failed and was undone ({undone.summary}); "
+        f"{environment}/{service} still breaches{reading}"
+    )
+    # on the topic the compensation came by: the incidents topic this agent is configured with
+    ctx.emit(escalation(incident, reason, cause=ctx.incoming.envelope), key=incident, topic=ctx.incoming.topic)
+    log.warning("%s escalated: %s", incident, reason)
+
+
 def make_handlers(window_seconds: float, lag_seconds: float = 0.0) -> Callable[[ServiceContext], Mapping[str, Handler]]:
     def handlers(ctx: ServiceContext) -> Mapping[str, Handler]:
         return {
             RecoveryProposed.TYPE: on_proposed,
             RecoveryExecuted.TYPE: make_on_executed(window_seconds, lambda: datetime.now(UTC), lag_seconds),
+            CompensationCompleted.TYPE: on_compensated,
         }
 
     return handlers

@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from flotilla.fleet import AGENTS, AUDIT, DLQ_RECONCILER, EXECUTOR, HEALTH, SIM, url
+from flotilla.records import CompensationCompleted
 from flotilla.serde import AvroSerde, SerdeError
 from flotilla.settings import StackSettings, kafka_connection
 from tests.chaos import db
@@ -151,6 +152,17 @@ def incidents_settled(stack: StackSettings, started: datetime) -> tuple[Check, d
         check.counts[name] = n
     check.problems = [f"{i} is {status.get(i, 'unseen by audit')}" for i in opened if status.get(i) not in SETTLED]
     return check, status
+
+
+def compensated(stack: StackSettings, incidents: list[str]) -> set[str]:
+    """The incidents whose recovery the executor undid (a CompensationCompleted in the audit's
+    log), whatever came after it (an escalation, when the service still breached)."""
+    rows = db.rows(
+        stack.pg_dsn(AUDIT.database),
+        "SELECT DISTINCT ce_correlationid FROM audit_log WHERE ce_type = %s AND ce_correlationid = ANY(%s)",
+        (CompensationCompleted.TYPE, incidents),
+    )
+    return {str(r[0]) for r in rows}
 
 
 def action_counts(executor_token: str) -> dict[str, dict[str, int]]:

@@ -158,7 +158,12 @@ def test_chaos_soak(
     forced = [p for p in pairs if p.bad_deploy]
     compensated = truth.Check("forced verification failures compensated")
     compensated.counts["forced"] = len(forced)
-    compensated.counts["compensated"] = sum(1 for p in forced if statuses.get(p.incident or "") == "COMPENSATED")
+    undone = truth.compensated(stack, [p.incident for p in forced if p.incident])
+    compensated.counts["compensated"] = sum(1 for p in forced if p.incident in undone)
+    # a compensation while the service still breached goes to people (the health agent)
+    compensated.counts["then escalated"] = sum(
+        1 for p in forced if p.incident in undone and statuses.get(p.incident) == "ESCALATED"
+    )
     # The bad deploy lands once the workload's poll sees the scale at the sim; a
     # verification that beats the poll (or a sim down at that moment) resolves the
     # incident. Counted, not failed; no compensation at all would fail.

@@ -180,12 +180,13 @@ def test_a_redelivered_command_acts_once(fleet: Fleet, watch: Watch) -> None:
     assert not watch.of(incident, "CommandFailed")
 
 
-def test_a_recovery_that_fails_before_changing_anything_still_ends(fleet: Fleet, watch: Watch) -> None:
+def test_a_recovery_that_fails_before_changing_anything_ends_with_people(fleet: Fleet, watch: Watch) -> None:
     """Someone else holds the resource's lease (a person's own change, another tool) for
     longer than the executor waits, so the approved command fails without acting. The saga
-    still ends with a fact (nothing undone) and the incident is finished (COMPENSATED), not
-    FAILED for good: a FAILED incident was never finished, and held its service at the
-    health agent for as long as an alert about it stayed firing (a storm found ten such)."""
+    still ends with a fact (nothing undone): a FAILED incident was never finished, and held
+    its service at the health agent for as long as an alert about it stayed firing (a storm
+    found ten such). The service still breaches, so the health agent hands it to people:
+    the detector opens one incident per breach, and nothing else would happen."""
     incident, request = awaiting_approval(fleet, watch)
     resource = f"production/{DEMO_SERVICE}"
     with psycopg.connect(fleet.stack.pg_dsn(str(EXECUTOR.database)), autocommit=True) as conn:
@@ -199,13 +200,16 @@ def test_a_recovery_that_fails_before_changing_anything_still_ends(fleet: Fleet,
         ended = watch.kind("CompensationCompleted", incident)
         assert ended.value["compensatedCommandIds"] == [] and "nothing to undo" in ended.value["summary"]
         assert str(ended.value["causeEventId"]) == str(failed.value["eventId"])
+        escalated = watch.kind("IncidentEscalated", incident)
+        assert escalated.envelope.causationid == ended.envelope.id
+        assert f"production/{DEMO_SERVICE} still breaches" in escalated.value["reason"]
         assert not watch.of(incident, "RecoveryExecuted")
     finally:
         with psycopg.connect(fleet.stack.pg_dsn(str(EXECUTOR.database)), autocommit=True) as conn:
             leases.release(conn, held)  # released, not deleted: an epoch never goes back
     deadline = time.monotonic() + 30
     with psycopg.connect(fleet.stack.pg_dsn(str(HEALTH.database)), autocommit=True) as conn:
-        while WorkflowStore.status_of(conn, incident) is not Status.COMPENSATED:
+        while WorkflowStore.status_of(conn, incident) is not Status.ESCALATED:
             assert time.monotonic() < deadline, f"{incident} is {WorkflowStore.status_of(conn, incident)}"
             time.sleep(0.2)
     # the service's next breach is a new incident

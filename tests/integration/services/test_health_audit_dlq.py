@@ -77,6 +77,7 @@ DIAGNOSIS_REQUESTED = FACT + "DiagnosisRequested"
 RECOVERY_EXECUTED = FACT + "RecoveryExecuted"
 RECOVERY_COMPLETED = FACT + "RecoveryCompleted"
 RECOVERY_FAILED = FACT + "RecoveryFailed"
+ESCALATED = FACT + "IncidentEscalated"
 QUARANTINED = FACT + "DeadLetterQuarantined"
 SCHEMAS = {c.full_name: c.schema for c in load_contracts()}
 
@@ -373,7 +374,7 @@ def test_health_agent_opens_one_incident_per_sustained_breach_and_verifies_recov
         scrape(ctx, 5)
         (failing,) = incidents_of(stack, "payments-api")
         assert failing != incident
-        _, executions = run_plan(stack, serde, loop, consumer, failing, steps=1)
+        failing_proposal, executions = run_plan(stack, serde, loop, consumer, failing, steps=1)
         until(lambda: scrape(ctx) or outbox(stack, HEALTH_DB, RECOVERY_FAILED, failing), timeout=15)
         scrape(ctx, 10)
         (failed,) = outbox(stack, HEALTH_DB, RECOVERY_FAILED, failing)  # exactly once
@@ -384,6 +385,21 @@ def test_health_agent_opens_one_incident_per_sustained_breach_and_verifies_recov
         assert value["p95LatencyMs"] == 900.0 and value["failedCommandId"] is None
         assert outbox(stack, HEALTH_DB, RECOVERY_COMPLETED, failing) == []
         assert len(incidents_of(stack, "payments-api")) == 1  # still the one breach
+
+        # The executor undoes the plan; the service still breaches, and the detector opens
+        # one incident per breach: the failed recovery goes to people, once.
+        verdict = outbox_envelope(stack, RECOVERY_FAILED, failing)
+        drain_until(loop.poll_once, handled(stack, consumer, verdict.id), what="the RecoveryFailed")
+        undone = verdict.caused(FACT + "CompensationCompleted", "/flotilla/executor")
+        compensation = record(serde, TOPIC, undone, proposalId=failing_proposal, summary="Undid 1 step(s)")
+        produce(stack, TOPIC, [compensation, compensation])  # and once more, redelivered
+        drain_until(loop.poll_once, handled(stack, consumer, undone.id), what="the CompensationCompleted")
+        scrape(ctx, 3)
+        (escalated,) = outbox(stack, HEALTH_DB, ESCALATED, failing)
+        assert escalated[1] == undone.id
+        reason = serde.deserialize(bytes(escalated[2])).value["reason"]
+        assert "failed and was undone (Undid 1 step(s))" in reason, reason
+        assert "production/payments-api still breaches: p95 900 ms against 300 ms" in reason, reason
     finally:
         loop.stop()
         loop.run()  # closes the consumer
