@@ -136,6 +136,7 @@ chaos: stack-up schemas ## The long chaos soak: 1,000 incidents under a SIGKILL 
 	CHAOS_INCIDENTS=$${CHAOS_INCIDENTS:-1000} CHAOS_INJECT_PER_SECOND=$${CHAOS_INJECT_PER_SECOND:-4} \
 	  CHAOS_KILL_EVERY_SECONDS=$${CHAOS_KILL_EVERY_SECONDS:-4} CHAOS_POISON=$${CHAOS_POISON:-20} \
 	  CHAOS_DRAIN_SECONDS=$${CHAOS_DRAIN_SECONDS:-1800} CHAOS_TIMEOUT_SECONDS=$${CHAOS_TIMEOUT_SECONDS:-7200} \
+	  CHAOS_READ_SECONDS=$${CHAOS_READ_SECONDS:-5} \
 	  $(VENV)/bin/pytest tests/chaos -s $(PYTEST_ARGS)
 
 bench-storm: stack-up schemas ## K services breach at once (K=50, 200; R=1, 2), beside DBOS Transact doing the same 7 steps

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from confluent_kafka import Consumer
 from idle_footprint import cpu_between, snapshot
 from incident_latency import CHAIN, http, percentile
@@ -58,6 +57,7 @@ from flotilla.tailing import tail_consumer
 
 REPO = Path(__file__).resolve().parents[1]
 FLEETCTL = [sys.executable, str(REPO / "infra" / "local" / "fleetctl.py")]
+STACKCTL = [sys.executable, str(REPO / "infra" / "local" / "stackctl.py")]
 DBOS_VENV = REPO / ".bench" / "dbos-venv"
 # How an incident's storm ends: its verification verdict, or on-call (e.g. a verification
 # the health agent could not decide because its scrapes fell behind).
@@ -88,8 +88,6 @@ STORM_SETTINGS = {
 # estate of thousands of services is more than 2 cores give; production scrapes every 15-60
 # s), and no rules or alerts (the readings open the incidents).
 PROMETHEUS_SCRAPE_SECONDS = 5
-# Where the stack rendered it (infra/local/stackctl.py: RUN under FLOTILLA_STACK_HOME).
-PROMETHEUS_CONFIG = Path(os.environ.get("FLOTILLA_STACK_HOME", REPO / ".stack")) / "run" / "prometheus.yml"
 # How long the estate is watched, healthy, before each storm: the idle rate of every
 # component, subtracted to give the CPU the incidents themselves added.
 BASELINE_SECONDS = 10.0
@@ -134,33 +132,20 @@ class Tail(threading.Thread):
 
 
 @contextmanager
-def storm_prometheus(settings: StackSettings) -> Iterator[None]:
-    """The stack's Prometheus reconfigured for storms (PROMETHEUS_SCRAPE_SECONDS, no rules, no
-    alerting) and put back afterwards, both by its reload endpoint."""
-    original = PROMETHEUS_CONFIG.read_text()
-    config = yaml.safe_load(original)
-    every = PROMETHEUS_SCRAPE_SECONDS
-    config["global"] = {
-        "scrape_interval": f"{every}s",
-        "scrape_timeout": f"{every - 1}s",
-        "evaluation_interval": f"{every}s",
-    }
-    config.pop("rule_files", None)
-    config.pop("alerting", None)
-    replace_text(PROMETHEUS_CONFIG, yaml.safe_dump(config))
-    http("POST", f"{settings.prometheus_url}/-/reload", None)
+def storm_prometheus() -> Iterator[None]:
+    """The stack's Prometheus at the storm's pace (PROMETHEUS_SCRAPE_SECONDS, no rules, no
+    alerting) and back at the stack's afterwards (``stackctl.py prometheus-pace``)."""
+    prometheus_pace("--every", str(PROMETHEUS_SCRAPE_SECONDS), "--no-rules")
     try:
         yield
     finally:
-        replace_text(PROMETHEUS_CONFIG, original)
-        http("POST", f"{settings.prometheus_url}/-/reload", None)
+        prometheus_pace("--every", "1")
 
 
-def replace_text(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (a signal mid-write once left Prometheus an empty config)."""
-    partial = path.with_suffix(".storm-tmp")
-    partial.write_text(text)
-    partial.replace(path)
+def prometheus_pace(*args: str) -> None:
+    done = subprocess.run([*STACKCTL, "prometheus-pace", *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise SystemExit(f"stackctl prometheus-pace {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
 
 
 def gathers() -> dict[str, tuple[float, float]]:
@@ -310,7 +295,7 @@ def main() -> None:
     serde = AvroSerde(registry_client(settings.schema_registry_url))
     results: list[dict[str, Any]] = []
     try:
-        with storm_prometheus(settings):
+        with storm_prometheus():
             for replicas in [int(r) for r in args.replicas.split(",")]:
                 results += storms(settings, serde, replicas, sizes, args)
     finally:

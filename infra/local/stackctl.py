@@ -883,16 +883,44 @@ def render_template(template: Path, **values: object) -> str:
     return string.Template(template.read_text()).substitute({k: json.dumps(v) for k, v in values.items()})
 
 
-def prometheus_config() -> str:
-    """The local Prometheus: scrape the sim (the estate), evaluate the estate rules, alert to our Alertmanager."""
+def prometheus_config(every: float = 1.0, *, rules: bool = True) -> str:
+    """The local Prometheus: scrape the sim (the estate) and evaluate the estate rules every
+    ``every`` seconds, alerting to our Alertmanager; ``rules=False``: neither rules nor alerts
+    (a storm, where the agent's own readings open incidents)."""
     from flotilla.fleet import SIM  # here, not at the top: importing flotilla takes a second or two
 
-    return render_template(
+    if every <= 0:
+        raise StackError(f"Prometheus cannot scrape every {every:g} s")
+    rendered = render_template(
         PROMETHEUS_TEMPLATE,
         sim_target=f"{HOST}:{SIM.http_port}",
         rule_file=str(ESTATE_RULES),
         alertmanager_target=f"{HOST}:{PORTS['alertmanager']}",
+        scrape_interval=f"{round(every * 1000)}ms",
+        scrape_timeout=f"{round(every * 900)}ms",  # a scrape must end before the next one
     )
+    if rules:
+        return rendered
+    import yaml
+
+    config = yaml.safe_load(rendered)
+    config.pop("rule_files", None)
+    config.pop("alerting", None)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def prometheus_pace(every: float, *, rules: bool = True) -> None:
+    """Re-render the running Prometheus' config at another pace and reload it. The file is
+    replaced whole (a signal mid-write once left Prometheus an empty config), so a restart
+    (the chaos soak kills it) keeps the pace; ``stackctl up`` renders the default again."""
+    target = RUN / "prometheus.yml"
+    partial = target.with_suffix(".pace-tmp")
+    partial.write_text(prometheus_config(every, rules=rules))
+    partial.replace(target)
+    try:
+        _http_json(f"http://{HOST}:{PORTS['prometheus']}/-/reload", method="POST", timeout=30)
+    except OSError as exc:
+        raise StackError(f"Prometheus did not reload {target}: {exc} (is the stack up?)") from exc
 
 
 def alertmanager_config() -> str:
@@ -1397,10 +1425,15 @@ def status(as_json: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "action", choices=["up", "down", "reset", "status", "env", "pid", "model-up", "model-down", "fetch"]
+        "action",
+        choices=["up", "down", "reset", "status", "env", "pid", "model-up", "model-down", "fetch", "prometheus-pace"],
     )
     parser.add_argument("component", nargs="?", help=f"with pid: one component ({', '.join(BY_NAME)})")
     parser.add_argument("--json", action="store_true", help="machine-readable status")
+    parser.add_argument(
+        "--every", type=float, default=1.0, help="with prometheus-pace: seconds between scrapes (default 1)"
+    )
+    parser.add_argument("--no-rules", action="store_true", help="with prometheus-pace: no alert rules, no alerting")
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
@@ -1418,6 +1451,8 @@ def main(argv: list[str] | None = None) -> int:
             print(ENV_FILE)
         elif args.action == "fetch":  # the JVM parts from Maven Central only (compose's stand-ins reuse them)
             _fetch_dist()
+        elif args.action == "prometheus-pace":  # storms and the long soak over thousands of services
+            prometheus_pace(args.every, rules=not args.no_rules)
         elif args.action == "pid":  # what the chaos soak SIGKILLs (supervisord starts it again)
             print(SUPERVISOR.ctl("pid", args.component or "all").strip())
         else:

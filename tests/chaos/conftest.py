@@ -16,6 +16,7 @@ from tests.chaos import inherited
 from tests.chaos.config import REPO_ROOT, ChaosConfig, fleet_settings
 
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
+STACKCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "stackctl.py")]
 LEDGER = REPO_ROOT / ".stack" / "chaos" / "sim-ledger.sqlite"
 
 
@@ -49,9 +50,32 @@ def inherited_proposal(stack: StackSettings) -> inherited.Inherited:
         subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=env)
 
 
+def prometheus_pace(every: float, *, rules: bool) -> None:
+    args = ["prometheus-pace", "--every", f"{every:g}", *([] if rules else ["--no-rules"])]
+    done = subprocess.run([*STACKCTL, *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.fail(f"stackctl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+
+
+@pytest.fixture(scope="session")
+def chaos_pace(chaos_config: ChaosConfig) -> Iterator[None]:
+    """Prometheus at the soak's pace (CHAOS_READ_SECONDS) while it runs, and back to the
+    stack's after. Slower than the stack's 1 s, the estate's alert rules (rates over 5 s)
+    would see one sample a window and never fire, so they are off: the alert path is the
+    short soak's and the e2e tests'; the agent's own readings open the long soak's incidents."""
+    if chaos_config.read_seconds == 1:
+        yield
+        return
+    prometheus_pace(chaos_config.read_seconds, rules=False)
+    try:
+        yield
+    finally:
+        prometheus_pace(1, rules=True)
+
+
 @pytest.fixture(scope="session")
 def chaos_fleet(
-    stack: StackSettings, chaos_env: dict[str, str], inherited_proposal: inherited.Inherited
+    stack: StackSettings, chaos_env: dict[str, str], inherited_proposal: inherited.Inherited, chaos_pace: None
 ) -> Iterator[dict[str, str]]:
     """A fresh chaos fleet (a fresh sim ledger) on the session's stack, started after a
     fleet of the default estate left a proposal waiting; stopped at the end."""

@@ -521,7 +521,11 @@ def test_prometheus_scrapes_the_sim_evaluates_the_estate_rules_and_alerts_our_al
 ) -> None:
     config = yaml.safe_load(stackctl_moved.prometheus_config())
     # The local stack's fast timings: a breach is an alert within seconds.
-    assert config["global"] == {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"}
+    assert config["global"] == {
+        "scrape_interval": "1000ms",
+        "evaluation_interval": "1000ms",
+        "scrape_timeout": "900ms",
+    }
     assert config["rule_files"] == [str(ESTATE_RULES)]
     assert Path(config["rule_files"][0]).is_absolute() and ESTATE_RULES.is_file()
     [alertmanagers] = config["alerting"]["alertmanagers"]
@@ -529,6 +533,19 @@ def test_prometheus_scrapes_the_sim_evaluates_the_estate_rules_and_alerts_our_al
     [job] = config["scrape_configs"]
     assert (job["job_name"], job["metrics_path"]) == ("estate", "/metrics")
     assert job["static_configs"] == [{"targets": [f"127.0.0.1:{fleet.SIM.http_port}"]}]
+
+
+def test_prometheus_at_a_storms_pace_scrapes_the_same_estate_slower_and_may_drop_its_rules(
+    stackctl_moved: ModuleType,
+) -> None:
+    paced = yaml.safe_load(stackctl_moved.prometheus_config(5, rules=False))
+    assert paced["global"] == {"scrape_interval": "5000ms", "evaluation_interval": "5000ms", "scrape_timeout": "4500ms"}
+    assert "rule_files" not in paced and "alerting" not in paced
+    assert paced["scrape_configs"] == yaml.safe_load(stackctl_moved.prometheus_config())["scrape_configs"]
+    kept = yaml.safe_load(stackctl_moved.prometheus_config(2.5))
+    assert kept["global"]["scrape_interval"] == "2500ms" and kept["rule_files"] == [str(ESTATE_RULES)]
+    with pytest.raises(stackctl_moved.StackError, match="every 0 s"):
+        stackctl_moved.prometheus_config(0)
 
 
 def test_alertmanager_sends_every_alert_to_the_health_agent_with_the_stacks_token(
