@@ -207,7 +207,8 @@ def register_connector(connect_url: str, name: str, config: dict[str, str]) -> N
 
     Connect restarts a connector on every PUT of its config, an unchanged one included
     ("connector-only config update"), so a service that restarts (a crash, a deploy) would
-    otherwise restart its outbox connector too."""
+    otherwise restart its outbox connector too. A changed connector is awaited until its
+    tasks run the new config (bounded)."""
     url = f"{connect_url}/connectors/{name}/config"
     try:
         current = _request(url)
@@ -229,6 +230,35 @@ def register_connector(connect_url: str, name: str, config: dict[str, str]) -> N
                 exc.status,
             ) from exc
         raise
+    if current is not None:
+        _await_tasks_with(connect_url, name, config)
+
+
+# How long a changed connector may take to run its tasks with the new config.
+RECONFIGURE_WAIT_SECONDS = 30.0
+
+
+def _await_tasks_with(connect_url: str, name: str, config: dict[str, str]) -> None:
+    """Until the connector's tasks carry ``config`` and run. Connect applies a changed
+    config asynchronously, and until then the old tasks keep publishing under the old one:
+    a narrowed topic allowlist would still let a row through (with exactly-once delivery the
+    new generation fences the old tasks; at least once it does not). Bounded: a worker slow
+    to rebalance is logged, not fatal to the service that starts."""
+    deadline = time.monotonic() + RECONFIGURE_WAIT_SECONDS
+    base = f"{connect_url}/connectors/{name}"
+    while time.monotonic() < deadline:
+        try:
+            tasks = _request(f"{base}/tasks")
+            states = _request(f"{base}/status").get("tasks", [])
+        except ConnectError:
+            tasks, states = [], []
+        configured = bool(tasks) and all(
+            all(task["config"].get(k, v) == v for k, v in config.items()) for task in tasks
+        )
+        if configured and len(states) == len(tasks) and all(t.get("state") == "RUNNING" for t in states):
+            return
+        time.sleep(0.2)
+    log.warning("connector %s: tasks not running with its new config after %g s", name, RECONFIGURE_WAIT_SECONDS)
 
 
 def _without_name(config: dict[str, Any]) -> dict[str, Any]:

@@ -300,12 +300,22 @@ def test_a_task_hands_over_each_row_at_once_and_reads_a_one_partition_offsets_to
 class FakeConnect:
     """Stands in for Connect's REST API: one connector's config, every request recorded."""
 
-    def __init__(self, current: dict[str, str] | None) -> None:
+    def __init__(self, current: dict[str, str] | None, stale_reads: int = 0) -> None:
         self.current = current
         self.calls: list[tuple[str, str]] = []
+        self.running = current  # the config the task runs with
+        self.stale_reads = stale_reads  # task reads that still show the old config after a PUT
 
     def __call__(self, url: str, method: str = "GET", body: object | None = None) -> object:
         self.calls.append((method, url))
+        if method == "GET" and url.endswith("/tasks"):
+            if self.stale_reads:
+                self.stale_reads -= 1
+            else:
+                self.running = self.current
+            return [{"id": {"task": 0}, "config": dict(self.running or {})}]
+        if method == "GET" and url.endswith("/status"):
+            return {"connector": {"state": "RUNNING"}, "tasks": [{"id": 0, "state": "RUNNING"}]}
         if method == "GET":
             if self.current is None:
                 raise connectors.ConnectError(f"GET {url} -> 404: not found", 404)
@@ -336,6 +346,20 @@ def test_a_connector_is_put_only_when_missing_or_changed(
     connectors.register_connector("http://connect", "outbox-flotilla-health", config)
     assert [m for m, _ in fake.calls].count("PUT") == puts
     assert fake.current is not None and {k: v for k, v in fake.current.items() if k != "name"} == config
+
+
+def test_a_changed_connector_is_awaited_until_its_tasks_run_the_new_config(
+    monkeypatch: pytest.MonkeyPatch, config: dict[str, str]
+) -> None:
+    """The old tasks publish under the old config until Connect restarts them (a narrowed
+    topic allowlist let a forged row through, at least once): a service starts writing
+    only once its connector runs what it declared."""
+    fake = FakeConnect({**config, "poll.interval.ms": "999", "name": "outbox-flotilla-health"}, stale_reads=3)
+    monkeypatch.setattr(connectors, "_request", fake)
+    monkeypatch.setattr(connectors.time, "sleep", lambda _: None)
+    connectors.register_connector("http://connect", "outbox-flotilla-health", config)
+    assert [m for m, u in fake.calls if u.endswith("/tasks")] == ["GET"] * 4  # three stale, then the new one
+    assert fake.running is not None and fake.running["poll.interval.ms"] == config["poll.interval.ms"]
 
 
 def test_a_connect_that_cannot_answer_is_not_taken_for_a_missing_connector(
