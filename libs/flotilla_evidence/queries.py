@@ -41,13 +41,20 @@ DEFAULTS = {
         "histogram_quantile(0.95, sum by (le, client, server) "
         '(rate(traces_service_graph_request_server_seconds_bucket{client=~"$services"}[$window]))) * 1000'
     ),
-    # each service's p95 threshold, ms (a catalogue's latency_threshold_ms wins)
+    # each service's p95 threshold, ms (a catalogue's latency_threshold_ms wins). Gauges are
+    # read as their last value over the window, not at the instant: one failed scrape marks
+    # every series of its target stale, and an instant query then has no threshold for a
+    # service whose p95 (a rate over the window) it still has. A long chaos soak escalated 30
+    # diagnoses in one second that way ("not in the topology").
     "threshold": (
         "max by (service_name, deployment_environment_name) "
-        '(slo_latency_p95_threshold_seconds{service_name=~"$services"}) * 1000'
+        '(last_over_time(slo_latency_p95_threshold_seconds{service_name=~"$services"}[$window])) * 1000'
     ),
-    # replicas wanted, per Deployment (kube-state-metrics)
-    "replicas": 'max by (namespace, deployment) (kube_deployment_spec_replicas{deployment=~"$deployments"})',
+    # replicas wanted, per Deployment (kube-state-metrics), last over the window as above
+    "replicas": (
+        'max by (namespace, deployment) (last_over_time(kube_deployment_spec_replicas{deployment=~"$deployments"}'
+        "[$window]))"
+    ),
     # the running version, over the look-back (a range query: before and after a change)
     "versions": (
         'max by (service_name, deployment_environment_name, service_version) (target_info{service_name=~"$services"})'

@@ -223,3 +223,37 @@ def test_wrong_credentials_an_untrusted_certificate_and_no_prometheus_are_unavai
         PrometheusClient(f"http://127.0.0.1:{free_port()}", timeout=2).query("up")
     with pytest.raises(PrometheusUnavailable, match="HTTP 404"):
         PrometheusClient(sim.url).query("up")  # something else at that URL: the sim has no query API
+
+
+def test_a_failed_scrape_leaves_the_threshold_readable_while_the_p95_is(tmp_path: Path) -> None:
+    """One failed scrape marks every series of its target stale. A rate over the window (the
+    p95) still answers for a few seconds; an instant read of a gauge (the threshold, the
+    replicas) no longer does, and the service dropped out of the topology while its p95 was
+    there: a long chaos soak escalated 30 diagnoses in one second that way ("not in the
+    topology"). Read as their last value over the window, the gauges stay with the p95."""
+    sim_app = create_sim_app(action_token=ACTION_TOKEN, action_seconds=0)
+    with ThreadedServer(sim_app) as target, PrivatePrometheus(tmp_path, [f"127.0.0.1:{target.port}"]) as prometheus:
+        evidence = PrometheusEvidence(
+            PrometheusClient(prometheus.url), queries=Queries.with_overrides({}, "5s"), graph="telemetry"
+        )  # no catalogue: the threshold comes from Prometheus only
+        settled_snapshot(evidence, lambda t: t.services["checkout-api"].threshold_ms == 500.0, "the threshold")
+        target.stop()  # every scrape from now on fails
+        checked = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                topology = evidence.snapshot("checkout-api", environment="production")
+            except EvidenceUnavailable:  # the p95's window has no two samples left: done
+                break
+            if down(prometheus):
+                checked += 1
+                assert "checkout-api" in topology.services, "a p95 without its threshold after a failed scrape"
+                assert topology.services["checkout-api"].replicas == 4
+            time.sleep(0.1)
+        assert checked, "never read the estate between the failed scrape and the end of the p95's window"
+
+
+def down(prometheus: PrivatePrometheus) -> bool:
+    """Whether Prometheus' last scrape of its target failed (staleness markers written)."""
+    targets = httpx.get(f"{prometheus.url}/api/v1/targets").json()["data"]["activeTargets"]
+    return all(t["health"] == "down" for t in targets)
