@@ -14,9 +14,9 @@ import pytest
 from flotilla.settings import StackSettings
 from tests.chaos import inherited
 from tests.chaos.config import REPO_ROOT, ChaosConfig, fleet_settings
+from tests.support.scripts import load_script
 
 FLEETCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "fleetctl.py")]
-STACKCTL = [sys.executable, str(REPO_ROOT / "infra" / "local" / "stackctl.py")]
 LEDGER = REPO_ROOT / ".stack" / "chaos" / "sim-ledger.sqlite"
 
 
@@ -50,13 +50,6 @@ def inherited_proposal(stack: StackSettings) -> inherited.Inherited:
         subprocess.run([*FLEETCTL, "down"], capture_output=True, timeout=180, env=env)
 
 
-def prometheus_pace(every: float, *, rules: bool) -> None:
-    args = ["prometheus-pace", "--every", f"{every:g}", *([] if rules else ["--no-rules"])]
-    done = subprocess.run([*STACKCTL, *args], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        pytest.fail(f"stackctl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-
-
 @pytest.fixture(scope="session")
 def chaos_pace(chaos_config: ChaosConfig) -> Iterator[None]:
     """Prometheus at the soak's pace (CHAOS_READ_SECONDS) while it runs, and back to the
@@ -66,11 +59,12 @@ def chaos_pace(chaos_config: ChaosConfig) -> Iterator[None]:
     if chaos_config.read_seconds == 1:
         yield
         return
-    prometheus_pace(chaos_config.read_seconds, rules=False)
+    stackctl = load_script("_chaos_pace_stackctl", REPO_ROOT / "infra" / "local" / "stackctl.py")
+    stackctl.prometheus_pace(chaos_config.read_seconds, rules=False)
     try:
         yield
     finally:
-        prometheus_pace(1, rules=True)
+        stackctl.prometheus_pace(1, rules=True)
 
 
 @pytest.fixture(scope="session")
