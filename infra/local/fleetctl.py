@@ -389,6 +389,16 @@ def down() -> None:
     _say("fleet stopped")
 
 
+def stop(service: str | None) -> None:
+    """Stop one fleet process (the rest keep running), e.g. all but the sim for a benchmark."""
+    chosen = [i for i in running_instances() if i.program == service]
+    if not chosen:
+        names = ", ".join(i.program for i in running_instances())
+        raise StackError(f"stop needs one fleet process, not {service!r}; processes: {names}")
+    SUPERVISOR.ctl("stop", chosen[0].program)
+    _say(f"stopped {chosen[0].program}")
+
+
 def restart(service: str | None) -> None:
     """Restart one member (or all) and wait until it is ready again."""
     chosen = [i for i in running_instances() if service in (None, i.program)]
@@ -426,9 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "action",
-        choices=["up", "down", "status", "restart", "pid", "sim-token-file", "secrets-dir", "signing-key-file"],
+        choices=["up", "down", "status", "restart", "stop", "pid", "sim-token-file", "secrets-dir", "signing-key-file"],
     )
-    parser.add_argument("service", nargs="?", help="with restart, pid or signing-key-file: one member")
+    parser.add_argument("service", nargs="?", help="with restart, stop, pid or signing-key-file: one member")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -438,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             down()
         elif args.action == "restart":
             restart(args.service)
+        elif args.action == "stop":
+            stop(args.service)
         elif args.action == "pid":
             print(SUPERVISOR.ctl("pid", args.service or "all").strip())
         elif args.action == "sim-token-file":
