@@ -30,6 +30,7 @@ COMPONENTS = (
     ("alertmanager", "/usr/bin/prometheus-alertmanager"),  # before prometheus: its path contains it
     ("prometheus", "/usr/bin/prometheus"),
     ("supervisors", "supervisord"),
+    ("dbos", "dbos_baseline.py"),  # the storm's other side (benchmarks/dbos_baseline.py), while it runs
 )
 
 

@@ -26,13 +26,16 @@ on the same PostgreSQL, in the same run; both are printed side by side.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
+import math
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer
+from flotilla_evidence.settings import EvidenceSettings
 from idle_footprint import cpu_between, snapshot
 from incident_latency import CHAIN, http, percentile
 from prometheus_client.parser import text_string_to_metric_families
@@ -59,6 +63,16 @@ REPO = Path(__file__).resolve().parents[1]
 FLEETCTL = [sys.executable, str(REPO / "infra" / "local" / "fleetctl.py")]
 STACKCTL = [sys.executable, str(REPO / "infra" / "local" / "stackctl.py")]
 DBOS_VENV = REPO / ".bench" / "dbos-venv"
+DBOS_WARMUP = 5  # dbos_baseline.py's WARMUP_WORKFLOWS: its fleet-work runs need as many more breaches
+# DBOS's side of the race, each in the same run (benchmarks/dbos_baseline.py):
+# (label, work per link, how incidents arrive, DBOS processes, queue polling s)
+DBOS_RUNS = (
+    ("dbos stub", "stub", "queue", 1, 1.0),  # a row per link and DBOS's defaults: the earlier baseline
+    ("dbos fleet", "fleet", "queue", 1, 1.0),  # each link the fleet's own work, DBOS's defaults
+    # as DBOS documents tuning: more processes on one system database, and faster polling for latency
+    ("dbos fleet x2", "fleet", "queue", 2, 0.1),
+    ("dbos kafka x2", "fleet", "kafka", 2, 0.1),  # incidents as Kafka records, DBOS's Kafka consumer
+)
 # How an incident's storm ends: its verification verdict, or on-call (e.g. a verification
 # the health agent could not decide because its scrapes fell behind).
 VERDICTS = ("RecoveryCompleted", "RecoveryFailed", "IncidentEscalated")
@@ -170,8 +184,8 @@ def gathers() -> dict[str, tuple[float, float]]:
     return found
 
 
-def fleet(action: str, env: dict[str, str]) -> None:
-    done = subprocess.run([*FLEETCTL, action], capture_output=True, text=True, env=env, timeout=900)
+def fleet(action: str, env: dict[str, str], *program: str) -> None:
+    done = subprocess.run([*FLEETCTL, action, *program], capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"fleetctl {action} failed:\n{done.stdout}\n{done.stderr}")
 
@@ -251,27 +265,83 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
     }
 
 
-def dbos(workflows: int) -> dict[str, Any]:
+def dbos_python() -> Path:
+    """The DBOS venv's python: Flotilla with its pins (the fleet's work runs in DBOS's steps)
+    plus benchmarks/dbos-requirements.txt; made again when either changes."""
     python = DBOS_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(DBOS_VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "-r", str(REPO / "benchmarks" / "dbos-requirements.txt")],
-            check=True,
-        )
+    inputs = [REPO / "constraints.txt", REPO / "pyproject.toml", REPO / "benchmarks" / "dbos-requirements.txt"]
+    wanted = hashlib.sha256(b"".join(p.read_bytes() for p in inputs)).hexdigest()
+    stamp = DBOS_VENV / ".inputs"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(DBOS_VENV)], check=True)
+    install = [str(python), "-m", "pip", "install", "-q", "-c", str(inputs[0]), "-e", str(REPO), "-r", str(inputs[2])]
+    subprocess.run(install, check=True)
+    stamp.write_text(wanted)
+    return python
+
+
+def breaching(count: int, timeout: float = 180) -> list[dict[str, Any]]:
+    """The sim reset, ``count`` pay-NNNN slow, and each shop-NNNN above its threshold in
+    Prometheus (what DBOS's incidents start from, as the fleet's start from its detection)."""
+    http("POST", f"{url(SIM)}/reset", {})
+    for i in range(count):
+        http("POST", f"{url(SIM)}/faults", {"service": f"pay-{i:04d}", "kind": "dependency-slow"})
+    evidence = EvidenceSettings.load().model_copy(update={"promql_window": STORM_SETTINGS["FLOTILLA_PROMQL_WINDOW"]})
+    readings = evidence.evidence()
+    shops = [f"shop-{i:04d}" for i in range(count)]
+    deadline = time.monotonic() + timeout
+    while True:
+        above = {r.service: r for r in readings.latency_readings() if r.p95_ms > r.threshold_ms}
+        if all(shop in above for shop in shops):
+            return [
+                {
+                    "service": shop,
+                    "environment": above[shop].environment,
+                    "p95_ms": above[shop].p95_ms,
+                    "threshold_ms": above[shop].threshold_ms,
+                }
+                for shop in shops
+            ]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{count - sum(s in above for s in shops)} of {count} services never breached")
+        time.sleep(1)
+
+
+def dbos_side(sizes: list[int], env: dict[str, str]) -> dict[int, list[dict[str, Any]]]:
+    """Each of DBOS_RUNS for each storm size, on the fleet's sim alone (every other member
+    stopped), each fleet-work run on services breaching afresh."""
+    python = dbos_python()
+    fleet("down", env)
+    fleet("up", env)
+    programs = json.loads(subprocess.run([*FLEETCTL, "status", "--json"], capture_output=True, text=True).stdout)
+    for program in (p["service"] for p in programs if p["service"] != SIM.name):
+        fleet("stop", env, program)
+    token = Path(subprocess.run([*FLEETCTL, "sim-token-file"], capture_output=True, text=True).stdout.strip())
+    run_env = {**env, "FLOTILLA_SIM_ACTION_TOKEN": token.read_text().strip()}
     # the same PostgreSQL as the fleet's, as a URL (SQLAlchemy's form, which DBOS takes)
     parts = conninfo_to_dict(load_settings().pg_dsn("postgres"))
     dsn = f"postgresql://{parts['user']}:{parts['password']}@{parts['host']}:{parts['port']}/postgres"
-    done = subprocess.run(
-        [str(python), str(REPO / "benchmarks" / "dbos_baseline.py"), "--workflows", str(workflows), "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the DBOS baseline failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    found: dict[int, list[dict[str, Any]]] = {}
+    for k in sizes:
+        for label, work, trigger, processes, poll in DBOS_RUNS:
+            # each process takes its share of the storm at once (one with no limit claims it all)
+            command = [str(python), str(REPO / "benchmarks" / "dbos_baseline.py"), "--workflows", str(k)]
+            command += ["--concurrency", str(math.ceil(k / processes))]
+            command += ["--dsn", dsn, "--work", work, "--trigger", trigger, "--processes", str(processes)]
+            command += ["--poll-interval", str(poll), "--baseline-seconds", str(BASELINE_SECONDS)]
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as breaches:
+                if work == "fleet":
+                    json.dump(breaching(k + DBOS_WARMUP), breaches)
+                    breaches.flush()
+                    command += ["--breaches", breaches.name]
+                done = subprocess.run(command, capture_output=True, text=True, env=run_env, timeout=1800)
+            if done.returncode != 0:
+                raise SystemExit(f"the DBOS run {label!r} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+            result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1]) | {"label": label}
+            print(json.dumps(result), flush=True)
+            found.setdefault(k, []).append(result)
+    return found
 
 
 def main() -> None:
@@ -294,16 +364,27 @@ def main() -> None:
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
     results: list[dict[str, Any]] = []
+    baselines: dict[int, list[dict[str, Any]]] = {}
     try:
         with storm_prometheus():
             for replicas in [int(r) for r in args.replicas.split(",")]:
                 results += storms(settings, serde, replicas, sizes, args)
+            if not args.no_dbos:  # at the storms' Prometheus pace: the fleet-work runs read it too
+                baselines = dbos_side(sizes, storm_env(sizes, args, replicas=1))
     finally:
         fleet("down", {**os.environ})
-    baselines = {} if args.no_dbos else {k: dbos(k) for k in sizes}
-    for b in baselines.values():
-        print(json.dumps(b), flush=True)
     report(results, baselines)
+
+
+def storm_env(sizes: list[int], args: argparse.Namespace, replicas: int) -> dict[str, str]:
+    """The fleet's environment for the storms (and the DBOS runs: the same sim and estate)."""
+    return {
+        **os.environ,
+        **STORM_SETTINGS,
+        "FLOTILLA_SIM_SERVICES": str(2 * (max(*sizes, args.warmup, 10) + DBOS_WARMUP)),  # pairs: shop-N calls pay-N
+        "FLOTILLA_ESTATE_CATALOGUE_FILE": "",  # a generated estate: no catalogue
+        "FLOTILLA_FLEET_REPLICAS": str(replicas),
+    }
 
 
 def storms(
@@ -311,13 +392,7 @@ def storms(
 ) -> list[dict[str, Any]]:
     """The fleet started afresh with ``replicas`` per member, a warm-up, then one storm per size."""
     results: list[dict[str, Any]] = []
-    env = {
-        **os.environ,
-        **STORM_SETTINGS,
-        "FLOTILLA_SIM_SERVICES": str(2 * max(*sizes, args.warmup, 10)),
-        "FLOTILLA_ESTATE_CATALOGUE_FILE": "",  # a generated estate: no catalogue
-        "FLOTILLA_FLEET_REPLICAS": str(replicas),
-    }
+    env = storm_env(sizes, args, replicas)
     fleet("down", env)
     fleet("up", env)
     if args.warmup:
@@ -330,10 +405,10 @@ def storms(
     return results
 
 
-def report(results: list[dict[str, Any]], baselines: dict[int, dict[str, Any]]) -> None:
-    """The table: CPU s/wf is the whole machine's CPU over the storm per incident; for DBOS its
-    process and PostgreSQL. "added" subtracts what the machine spends at rest over as long
-    (the estate, its monitoring, idle loops): the CPU the incidents themselves cost."""
+def report(results: list[dict[str, Any]], baselines: dict[int, list[dict[str, Any]]]) -> None:
+    """The table: CPU s/wf is the whole machine's CPU over the storm per incident (for DBOS
+    too: its processes, PostgreSQL, Prometheus, the sim...); "added" subtracts what the
+    machine spends at rest over as long (the estate, its monitoring, idle loops)."""
     print(f"\nstorm on the auto-authorized path, {os.cpu_count()} cores; the 7-record chain {' -> '.join(CHAIN)}")
     header = ("system", "K", "wf/s", "rec/s", "drain s", "p50 ms", "p99 ms", "CPU s/wf", "added")
     widths = (5, 7, 7, 8, 7, 7, 9, 7)
@@ -344,25 +419,30 @@ def report(results: list[dict[str, Any]], baselines: dict[int, dict[str, Any]]) 
             f"{r['records_per_s']:>7} {r['drain_s']:>8} {r['p50_ms']:>7} {r['p99_ms']:>7} "
             f"{r['cpu_s_per_incident']:>9} {r['added_cpu_s_per_incident']:>7}"
         )
-    for k, b in baselines.items():
-        cpu = (b["cpu_s"] + b.get("postgres_cpu_s", 0.0)) / k
-        print(
-            f"{'dbos ' + b.get('dbos_version', ''):<14} {k:>5} {b['workflows_per_s']:>7.1f} {b['steps_per_s']:>7.1f} "
-            f"{b['wall_s']:>8.1f} {b['p50_ms']:>7.0f} {b['p99_ms']:>7.0f} {cpu:>9.3f} {cpu:>7.3f}"
-        )
+    for k, runs in baselines.items():
+        for b in runs:
+            print(
+                f"{b['label']:<14} {k:>5} {b['workflows_per_s']:>7.1f} {b['steps_per_s']:>7.1f} "
+                f"{b['wall_s']:>8.1f} {b['p50_ms']:>7.0f} {b['p99_ms']:>7.0f} "
+                f"{b['cpu_s_per_incident']:>9.3f} {b['added_cpu_s_per_incident']:>7.3f}"
+            )
     by = {(r["replicas"], r["incidents"]): r for r in results}
     for k in sorted({r["incidents"] for r in results}):
         one, two = by.get((1, k)), by.get((2, k))
         if one and two:
             print(f"K={k}: R=2 / R=1 = {two['incidents_per_s'] / one['incidents_per_s']:.2f}x", end="")
-        if one and k in baselines:
-            print(f"; flotilla R=1 / dbos = {one['incidents_per_s'] / baselines[k]['workflows_per_s']:.2f}x", end="")
+        if one:
+            for b in baselines.get(k, []):
+                print(f"; flotilla R=1 / {b['label']} = {one['incidents_per_s'] / b['workflows_per_s']:.2f}x", end="")
         print()
     busiest = max(results, key=lambda r: r["incidents"])
     print(f"CPU per component at K={busiest['incidents']}, R={busiest['replicas']} (% of a core): {busiest['cpu_pct']}")
     print(f"each link of the chain there, p50 ms: {busiest['link_p50_ms']}")
     print(f"the agents' slow calls there, [count, mean ms]: {busiest['gather_mean_ms']}")
     print(f"added CPU per incident there, ms per component: {busiest['added_ms_per_incident']}")
+    for k, runs in baselines.items():
+        for b in runs:
+            print(f"{b['label']} at K={k}, CPU per component (% of a core): {b['cpu_pct']}")
     print(f"median CPU per incident: {statistics.median(r['cpu_s_per_incident'] for r in results):.3f} s")
 
 
