@@ -146,7 +146,14 @@ class FleetWork:
         """The diagnostic agent: the evidence around the service, then the rules reasoner."""
         request = DiagnosisRequested.from_value(self._receive(requested))
         topology = self.evidence.snapshot(around=request.service, environment=request.environment)
-        evidence = DiagnosticEvidence(request.incident_id, request.service, request.environment, "latency", topology)
+        evidence = DiagnosticEvidence(
+            request.incident_id,
+            request.service,
+            request.environment,
+            request.symptom,
+            topology,
+            requested_at=request.requested_at,
+        )
         diagnosis = self.reasoner.diagnose(evidence)
         return self._caused(
             fleet.DIAGNOSTIC.name, diagnosis_record(diagnosis, job_id=None, now=datetime.now(UTC)), requested

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from flotilla_evidence.model import ServiceView, Topology
@@ -125,6 +126,10 @@ class DiagnosticEvidence:
     job_kind: str | None = None
     # False once a slow job already ran: the reasoner must decide with what it has.
     may_request_more: bool = True
+    # When the incident asked for this diagnosis (None: not known). Evidence that shows no
+    # breach since then has not caught up with the detection yet (a scrape or rate window
+    # behind the reading that opened the incident): the rules reasoner reads it again.
+    requested_at: datetime | None = None
 
 
 # ----------------------------------------------------------- what comes out

@@ -43,6 +43,7 @@ from flotilla_reasoning.settings import AgentSettings, Strategy
 NAME = "rules"
 FAILURE_MODE = "slow-responses"
 PROFILE_JOB = "cpu-profile"
+RECHECK_JOB = "evidence-recheck"  # the same evidence read again, later: it had not seen the breach
 DOMINANT_SHARE = 0.75  # share of the dependency time that makes one dependency "the" suspect
 
 
@@ -173,6 +174,16 @@ def _history_evidence(topology: Topology, service: ServiceView) -> EvidenceItem 
     )
 
 
+def _breach_seen(topology: Topology, service: ServiceView, evidence: DiagnosticEvidence) -> bool:
+    """Whether the evidence has seen the breach the incident is about: any reading of the
+    service above its threshold since the diagnosis was asked for (assumed, when that
+    moment is not known). A breach that came and went before the agent looked counts."""
+    if evidence.requested_at is None:
+        return True
+    series = topology.history.get(service.name) or ()
+    return any(at >= evidence.requested_at and value > service.threshold_ms for at, value in series)
+
+
 def _clamp(confidence: float) -> float:
     return round(min(max(confidence, 0.0), 0.99), 3)
 
@@ -222,6 +233,15 @@ class RulesReasoner:
                 f"profiling {service.name} before concluding."
             )
             return self._diagnosis(evidence, Verdict.NEEDS_EVIDENCE, summary, seen, 0.0, job_kind=PROFILE_JOB)
+        if not service.degraded and evidence.may_request_more and not _breach_seen(topology, service, evidence):
+            # A storm's first diagnoses came back "unknown" this way, and their low-confidence
+            # restarts changed nothing: the evidence was a scrape behind the detection.
+            summary = (
+                f"{topology.source} shows {service.name} under its threshold ({service.p95_ms:.0f} ms against "
+                f"{service.threshold_ms:.0f} ms) with no reading above it since the incident asked for a "
+                "diagnosis: its readings are behind the detection; reading them again before concluding."
+            )
+            return self._diagnosis(evidence, Verdict.NEEDS_EVIDENCE, summary, seen, 0.0, job_kind=RECHECK_JOB)
         return self._conclude(evidence, service, seen)
 
     @staticmethod

@@ -103,7 +103,12 @@ class DiagnosticAgent:
         with ctx.pool.connection() as conn:
             topology = baselines.with_baselines(conn, snapshot)
         evidence = DiagnosticEvidence(
-            request.incident_id, request.service, request.environment, request.symptom, topology
+            request.incident_id,
+            request.service,
+            request.environment,
+            request.symptom,
+            topology,
+            requested_at=request.requested_at,
         )
         return self._reason(evidence)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from flotilla_reasoning import (
@@ -121,6 +122,47 @@ def test_when_no_dependency_explains_it_asks_for_a_job_once_then_concludes() -> 
 def test_an_unknown_service_cannot_be_diagnosed() -> None:
     with pytest.raises(ReasoningFailed, match="not in the topology"):
         RulesReasoner().diagnose(evidence(demo_topology(), service="ghost-api"))
+
+
+REQUESTED = datetime(2026, 12, 7, 5, 7, 13, tzinfo=UTC)
+
+
+def calm(history: list[tuple[datetime, float]] | None) -> Topology:
+    """checkout-api under its threshold now, with this p95 history (None: no history at all)."""
+    topology = demo_topology(checkout_p95=320.0, payments_ms=35.0)
+    return dataclasses.replace(topology, history={} if history is None else {"checkout-api": tuple(history)})
+
+
+def test_evidence_with_no_breach_since_the_request_is_read_again_before_concluding() -> None:
+    # what a storm showed: the health agent's reading opened the incident a scrape before
+    # Prometheus saw the breach, and "unknown" led to a restart that fixed nothing
+    before = [(REQUESTED - timedelta(seconds=30 * i), 310.0) for i in range(3, 0, -1)]
+    for history in (None, [], before, [*before, (REQUESTED + timedelta(seconds=1), 320.0)]):
+        diagnosis = RulesReasoner().diagnose(evidence(calm(history), requested_at=REQUESTED))
+        assert diagnosis.verdict is Verdict.NEEDS_EVIDENCE, history
+        assert diagnosis.job_kind == "evidence-recheck"
+        assert "behind the detection" in diagnosis.reasoning.summary
+
+
+def test_an_old_breach_before_the_request_does_not_count_as_seeing_this_one() -> None:
+    # an earlier incident of the same service, recovered, is still in the look-back
+    history = [(REQUESTED - timedelta(seconds=60), 900.0), (REQUESTED - timedelta(seconds=30), 300.0)]
+    diagnosis = RulesReasoner().diagnose(evidence(calm(history), requested_at=REQUESTED))
+    assert diagnosis.verdict is Verdict.NEEDS_EVIDENCE
+
+
+def test_a_breach_seen_and_over_before_the_agent_looked_concludes_unknown() -> None:
+    history = [(REQUESTED, 900.0), (REQUESTED + timedelta(seconds=30), 320.0)]
+    diagnosis = RulesReasoner().diagnose(evidence(calm(history), requested_at=REQUESTED))
+    assert (diagnosis.verdict, diagnosis.cause_category) == (Verdict.CONCLUDED, "unknown")
+
+
+def test_after_the_recheck_or_without_a_request_time_the_reasoner_concludes_with_what_it_has() -> None:
+    again = evidence(calm([]), requested_at=REQUESTED, may_request_more=False, job_id="job-1")
+    unknown_when = evidence(calm([]))  # requested_at None: a caller that did not say
+    for asked in (again, unknown_when):
+        diagnosis = RulesReasoner().diagnose(asked)
+        assert (diagnosis.verdict, diagnosis.cause_category) == (Verdict.CONCLUDED, "unknown")
 
 
 # ------------------------------------------------------------------ plans
