@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from flotilla_evidence.base import EvidenceUnavailable
 from flotilla_evidence.catalogue import Catalogue
+from flotilla_evidence.coalesce import Coalescer
 from flotilla_evidence.model import Series, ServiceView, Topology
 from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
 from flotilla_evidence.queries import DEFAULTS, Labels, Queries
@@ -50,6 +51,18 @@ class _Versions:
     current: str
     previous: str | None
     changed_at: datetime | None
+
+
+# Threads for the readings of concurrent snapshots: nine readings each, a few snapshots at
+# once (merged requests keep Prometheus' load from growing with them).
+SNAPSHOT_THREADS = 4 * (len(DEFAULTS) + 1)
+
+R = TypeVar("R", Reading, RangeSeries)
+
+
+def _within(answer: list[R], label: str, names: frozenset[str]) -> list[R]:
+    """The part of a (possibly merged) answer a reader asked for: series of its own names."""
+    return [r for r in answer if r.labels.get(label) in names]
 
 
 class PrometheusEvidence:
@@ -80,15 +93,43 @@ class PrometheusEvidence:
         self.step = step
         self._clock = clock
         self.name = client.base_url
-        # A snapshot's readings at once (one per query it asks); threads idle otherwise.
-        self._threads = ThreadPoolExecutor(max_workers=len(DEFAULTS) + 1, thread_name_prefix="evidence")
+        # A snapshot's readings at once (one per query it asks), for several snapshots at
+        # once (an agent's worker threads); threads are made as needed and idle otherwise.
+        self._threads = ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS, thread_name_prefix="evidence")
+        # Concurrent snapshots' reads of one query merged into one request (coalesce.py).
+        self._readings: Coalescer[Reading] = Coalescer()
+        self._series: Coalescer[RangeSeries] = Coalescer()
 
     # ------------------------------------------------------------- readings
 
-    def _query(self, name: str, **scope: Iterable[str] | None) -> list[Reading]:
+    def _query(
+        self, name: str, *, services: Iterable[str] | None = None, deployments: Iterable[str] | None = None
+    ) -> list[Reading]:
         if not getattr(self.queries, name):
             return []
-        return self.client.query(self.queries.render(name, **scope))
+        field = self.queries.scoped_label(name)
+        names = services if deployments is None else deployments
+        if field is None or names is None or not (wanted := frozenset(names)):
+            return self.client.query(self.queries.render(name, services=services, deployments=deployments))
+        scope = "services" if deployments is None else "deployments"
+        answer = self._readings.read(
+            name, wanted, lambda union: self.client.query(self.queries.render(name, **{scope: union}))
+        )
+        return _within(answer, getattr(self.labels, field), wanted)
+
+    def _query_range(self, name: str, services: Iterable[str] | None, now: datetime) -> list[RangeSeries]:
+        """A range query over the look-back; merged like :meth:`_query` (a merged request
+        spans the look-back up to the ``now`` of the read that opened it, at most one
+        request's time earlier than this one's)."""
+
+        def ask(scope: Iterable[str] | None) -> list[RangeSeries]:
+            promql = self.queries.render(name, services=scope)
+            return self.client.query_range(promql, start=now - self.lookback, end=now, step=self.step)
+
+        field = self.queries.scoped_label(name)
+        if field is None or services is None or not (wanted := frozenset(services)):
+            return ask(services)
+        return _within(self._series.read(name, wanted, ask), getattr(self.labels, field), wanted)
 
     def _environment_of(self, labels: Mapping[str, str]) -> str:
         return labels.get(self.labels.environment) or self.default_environment
@@ -171,9 +212,7 @@ class PrometheusEvidence:
     def _versions(self, services: Iterable[str] | None, now: datetime) -> dict[Key, _Versions]:
         if not self.queries.versions:
             return {}
-        series = self.client.query_range(
-            self.queries.render("versions", services=services), start=now - self.lookback, end=now, step=self.step
-        )
+        series = self._query_range("versions", services, now)
         seen: dict[Key, list[tuple[datetime, datetime, str]]] = defaultdict(list)
         for s in series:
             service, version = s.labels.get(self.labels.service), s.labels.get(self.labels.version)
@@ -189,9 +228,7 @@ class PrometheusEvidence:
         return found
 
     def _history(self, services: Iterable[str], environment: str, now: datetime) -> dict[str, Series]:
-        series: list[RangeSeries] = self.client.query_range(
-            self.queries.render("service_p95", services=services), start=now - self.lookback, end=now, step=self.step
-        )
+        series = self._query_range("service_p95", services, now)
         return {
             s.labels[self.labels.service]: s.points
             for s in series

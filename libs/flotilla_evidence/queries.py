@@ -64,6 +64,20 @@ DEFAULTS = {
 }
 
 
+# The result label (a Labels field) each default query's $services or $deployments selects
+# on: a reader of a merged request keeps the series of its own names by it
+# (flotilla_evidence.coalesce). An estate's own query may scope any label: it is asked alone.
+SCOPED_BY = {
+    "service_p95": "service",
+    "dependency_p95": "service",
+    "edges": "client",
+    "edge_p95": "client",
+    "threshold": "service",
+    "replicas": "deployment",
+    "versions": "service",
+}
+
+
 @dataclass(frozen=True)
 class Labels:
     """Which result labels name what."""
@@ -98,6 +112,11 @@ class Queries:
             raise ValueError(f"no PromQL query named {', '.join(sorted(unknown))}")
         chosen = {name: query for name, query in overrides.items() if query is not None}
         return replace(cls(window=window), **chosen)
+
+    def scoped_label(self, name: str) -> str | None:
+        """The Labels field query ``name`` selects its scope on, if it is the default query
+        (None for an estate's override: where its placeholder goes is unknown)."""
+        return SCOPED_BY.get(name) if getattr(self, name) == DEFAULTS[name] else None
 
     def render(
         self, name: str, *, services: Iterable[str] | None = None, deployments: Iterable[str] | None = None

@@ -5,6 +5,8 @@ scraping the sim: tests/integration/test_prometheus_evidence.py."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -316,3 +318,39 @@ def test_a_whole_estate_with_no_reading_yet_is_empty_not_an_error() -> None:
     # query must not be asked about "no service" (name_regex refuses that, rightly).
     nothing = Scripted({}, {"target_info": [], "http_server_request_duration_seconds": []})
     assert evidence(nothing).snapshot().services == {}
+
+
+def test_concurrent_snapshots_share_requests_and_each_sees_only_its_neighbourhood() -> None:
+    api = demo_estate()
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        time.sleep(0.02)  # long enough for the other snapshots' reads to arrive meanwhile
+        return api(request)
+
+    around = ["checkout-api", "payments-api", "inventory-db"]
+    alone = {name: evidence(api, catalogue=CATALOGUE).snapshot(name, environment="production") for name in around}
+    asked_alone = len(api.asked)
+    api.asked.clear()
+    shared = evidence(slow, catalogue=CATALOGUE)
+    start = threading.Barrier(len(around))
+    found: dict[str, Any] = {}
+
+    def snapshot(name: str) -> None:
+        start.wait()
+        found[name] = shared.snapshot(name, environment="production")
+
+    threads = [threading.Thread(target=snapshot, args=(name,)) for name in around]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert found == alone  # the merged answers were cut back to each neighbourhood
+    assert len(api.asked) < asked_alone, (len(api.asked), asked_alone)
+    assert any("|" in q and "payments-api" in q and "inventory-db" in q for q in api.asked), api.asked
+
+
+def test_an_estates_own_query_is_never_merged() -> None:
+    queries = Queries.with_overrides({"service_p95": 'my_p95{svc=~"$services"}'}, "2m")
+    assert queries.scoped_label("service_p95") is None  # where its scope goes is unknown
+    assert queries.scoped_label("edges") == "client"
+    assert queries.scoped_label("utilization") is None
