@@ -562,7 +562,7 @@ class ConsumerLoop:
                 digest=payload_digest(msg.value() or b""),
             )
 
-        if envelope.hops <= 0:  # not decoded: it is never handled
+        if envelope.hops <= 0 or self._only_steps(envelope.type):  # not decoded: it is never handled
             refused = self._unauthorized(msg, envelope)
             return _Item(msg, letter=refused) if refused else _Item(msg, incoming=incoming(envelope.type, {}))
         decoded = self._serde.deserialize(msg.value(), topic=self.config.contract_topics.get(topic, topic))
@@ -573,6 +573,15 @@ class ConsumerLoop:
         if refused is not None:
             return _Item(msg, letter=refused)
         return _Item(msg, incoming=incoming(decoded.record_name, decoded.value))
+
+    def _only_steps(self, record_type: str) -> bool:
+        """Whether a record of this type only steps this loop's workflow (no handler here
+        reads its value) and is believed by its signature: then its value is never decoded.
+        Its producer's signature covers the exact bytes and type (an outbox row is validated
+        against its contract before it is written), so decoding would add nothing but CPU; a
+        storm's agents spent a third of their loop decoding records they never read. Without
+        provenance checks every record is decoded: the schema is then all that vouches for it."""
+        return self._provenance is not None and record_type not in self._handlers and record_type in BY_TYPE
 
     def _unauthorized(self, msg: Message, envelope: Envelope) -> DeadLetter | None:
         """The dead letter of a record its producer did not sign (None: it did, or this loop

@@ -9,12 +9,18 @@ import threading
 from typing import Any
 
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flotilla.authority import Signer
 from flotilla.consumer import ConsumerLoop, LoopConfig
 from flotilla.deadletter import Reason
 from flotilla.envelope import Envelope
+from flotilla.fleet import POLICY
+from flotilla.keys import Keyring
+from flotilla.provenance import Provenance, sign_fact
+from flotilla.records import RecoveryApproved
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from tests.support.messages import FakeMessage
@@ -105,3 +111,47 @@ def test_stopping_during_a_registry_outage_processes_and_commits_nothing() -> No
     registry.fail_with = ConnectionError("refused")
     threading.Timer(0.05, loop.stop).start()
     assert loop._decode_batch([FakeMessage(topic=TOPIC, value=_GOOD, headers=_envelope)]) is None
+
+
+# ------------------------------------------------------- records the loop only steps over
+
+
+def _signed_loop(handled: tuple[str, ...], provenance: bool = True) -> tuple[ConsumerLoop, Signer]:
+    signer = Signer(Ed25519PrivateKey.generate())
+    trust = Provenance({POLICY.name: Keyring([signer.public_key])}) if provenance else None
+    loop = ConsumerLoop(
+        LoopConfig(name="steps-t", topics=(RecoveryApproved.TOPIC,), source="/t"),
+        StackSettings(),
+        serde=AvroSerde(_REGISTRY),  # knows none of the fleet's contracts: any decoding fails
+        pool=None,  # type: ignore[arg-type]
+        handlers=dict.fromkeys(handled, lambda ctx: None),
+        provenance=trust,
+    )
+    return loop, signer
+
+
+def _approval(signer: Signer, payload: bytes) -> FakeMessage:
+    env = Envelope(type=RecoveryApproved.TYPE, source=f"/flotilla/{POLICY.name}", correlationid="incident-7")
+    headers = [*env.headers(), ("ce_signature", sign_fact(signer, env, payload).encode())]
+    return FakeMessage(topic=RecoveryApproved.TOPIC, value=payload, headers=headers)
+
+
+def test_a_signed_record_no_handler_reads_steps_the_workflow_without_being_decoded() -> None:
+    # a storm's agents spent a third of their loop decoding records they only step over
+    loop, signer = _signed_loop(handled=())
+    item = loop._decode(_approval(signer, b"\x00\x00\x00\x00\x07not avro at all"))
+    assert item.letter is None and item.incoming is not None
+    assert (item.incoming.record_type, item.incoming.value) == (RecoveryApproved.TYPE, {})
+
+
+def test_its_signature_is_still_checked() -> None:
+    loop, _ = _signed_loop(handled=())
+    forged = _approval(Signer(Ed25519PrivateKey.generate()), b"\x00\x00\x00\x00\x07anything")
+    item = loop._decode(forged)
+    assert item.letter is not None and item.letter.reason is Reason.UNAUTHORIZED
+
+
+def test_a_record_a_handler_reads_or_one_no_signature_vouches_for_is_decoded() -> None:
+    for loop, signer in (_signed_loop(handled=(RecoveryApproved.TYPE,)), _signed_loop((), provenance=False)):
+        item = loop._decode(_approval(signer, b"\x00\x00\x00\x00\x07not avro at all"))
+        assert item.letter is not None and item.letter.reason in (Reason.UNKNOWN_SCHEMA, Reason.UNDECODABLE)
