@@ -162,6 +162,22 @@ def prometheus_pace(*args: str) -> None:
         raise SystemExit(f"stackctl prometheus-pace {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
 
 
+def prometheus_queries(settings: StackSettings) -> float:
+    """Query API requests Prometheus has answered so far (instant and range): what the
+    agents' evidence reads cost it, counted by Prometheus itself."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{settings.prometheus_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "prometheus_http_requests"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("handler") in ("/api/v1/query", "/api/v1/query_range")
+    )
+
+
 def gathers() -> dict[str, tuple[float, float]]:
     """(seconds, count) of the deferred slow calls so far, per "member/kind": the evidence and
     reasoning of the two agents, outside any transaction (flotilla.deferred)."""
@@ -201,7 +217,7 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
     shops = {f"shop-{i:04d}" for i in range(faults)}
     tail = Tail(settings, serde)
     tail.start()
-    cpu_before, gathered_before = snapshot(), gathers()
+    cpu_before, gathered_before, queries_before = snapshot(), gathers(), prometheus_queries(settings)
     injected = time.monotonic()
     for i in range(faults):
         http("POST", f"{url(SIM)}/faults", {"service": f"pay-{i:04d}", "kind": "dependency-slow"})
@@ -216,6 +232,7 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
             break
         time.sleep(0.2)
     cpu = cpu_between(cpu_before, snapshot())
+    queries = prometheus_queries(settings) - queries_before
     gathered = {}
     for kind, (seconds, count) in gathers().items():
         seconds_before, count_before = gathered_before.get(kind, (0.0, 0.0))
@@ -251,6 +268,8 @@ def storm(settings: StackSettings, serde: AvroSerde, faults: int, timeout: float
         },
         # the agents' slow calls (evidence, reasoning): how many, and the mean of each, ms
         "gather_mean_ms": {k: [int(n), round(1000 * t / n)] for k, (t, n) in sorted(gathered.items()) if n},
+        # the evidence reads as Prometheus saw them: requests per incident (merged reads count once)
+        "prometheus_queries_per_incident": round(queries / len(done), 1),
         "cpu_pct": {n: round(100 * s / measured, 1) for n, s in sorted(cpu.items(), key=lambda x: -x[1])},
         "cpu_s_per_incident": round(sum(cpu.values()) / len(done), 3),
         # the same minus what the machine spent at rest over as long (estate, monitoring, idle loops)
@@ -439,6 +458,7 @@ def report(results: list[dict[str, Any]], baselines: dict[int, list[dict[str, An
     print(f"CPU per component at K={busiest['incidents']}, R={busiest['replicas']} (% of a core): {busiest['cpu_pct']}")
     print(f"each link of the chain there, p50 ms: {busiest['link_p50_ms']}")
     print(f"the agents' slow calls there, [count, mean ms]: {busiest['gather_mean_ms']}")
+    print(f"Prometheus query requests per incident there: {busiest['prometheus_queries_per_incident']}")
     print(f"added CPU per incident there, ms per component: {busiest['added_ms_per_incident']}")
     for k, runs in baselines.items():
         for b in runs:

@@ -16,28 +16,29 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-T = TypeVar("T")
+T = TypeVar("T")  # what a request answers with (a list of it)
+S = TypeVar("S", bound=Hashable)  # one element of a read's scope (a name)
 
 
 @dataclass
-class _Batch(Generic[T]):
-    scopes: set[str] = field(default_factory=set)
+class _Batch(Generic[S, T]):
+    scopes: set[S] = field(default_factory=set)
     done: threading.Event = field(default_factory=threading.Event)
     answer: list[T] | None = None
     error: BaseException | None = None
 
 
-class Coalescer(Generic[T]):
+class Coalescer(Generic[S, T]):
     """Merges concurrent :meth:`read` calls of the same key; thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[Hashable, _Batch[T]] = {}  # the batch a new read of a key joins
+        self._open: dict[Hashable, _Batch[S, T]] = {}  # the batch a new read of a key joins
         self._asking: dict[Hashable, threading.Lock] = {}  # held while a key's batch is asked
         self.requests = 0  # requests made (for tests and figures)
         self.reads = 0  # reads answered
 
-    def read(self, key: Hashable, scope: frozenset[str], ask: Callable[[frozenset[str]], list[T]]) -> list[T]:
+    def read(self, key: Hashable, scope: frozenset[S], ask: Callable[[frozenset[S]], list[T]]) -> list[T]:
         """The answer to ``ask(union of the batch's scopes)``: the batch this read joins, or
         a new one it asks once the key's previous request has returned (``ask`` of the read
         that opened the batch is the one called). Raises what that call raised."""

@@ -50,7 +50,7 @@ def wait_for(condition: Callable[[], bool]) -> None:
 
 
 def test_a_lone_read_is_asked_at_once_with_its_own_scope() -> None:
-    coalescer: Coalescer[str] = Coalescer()
+    coalescer: Coalescer[str, str] = Coalescer()
     ask = Asked()
     assert coalescer.read("p95", frozenset({"a"}), ask) == ["a"]
     assert coalescer.read("p95", frozenset({"b"}), ask) == ["b"]
@@ -59,7 +59,7 @@ def test_a_lone_read_is_asked_at_once_with_its_own_scope() -> None:
 
 
 def test_reads_that_arrive_while_one_is_asked_are_asked_together_next() -> None:
-    coalescer: Coalescer[str] = Coalescer()
+    coalescer: Coalescer[str, str] = Coalescer()
     ask = Asked(hold_first=True)
     results: list[object] = []
     first = in_thread(lambda: coalescer.read("p95", frozenset({"a"}), ask), results)
@@ -75,7 +75,7 @@ def test_reads_that_arrive_while_one_is_asked_are_asked_together_next() -> None:
 
 
 def test_reads_of_other_queries_neither_merge_nor_wait() -> None:
-    coalescer: Coalescer[str] = Coalescer()
+    coalescer: Coalescer[str, str] = Coalescer()
     held = Asked(hold_first=True)
     results: list[object] = []
     first = in_thread(lambda: coalescer.read("p95", frozenset({"a"}), held), results)
@@ -87,7 +87,7 @@ def test_reads_of_other_queries_neither_merge_nor_wait() -> None:
 
 
 def test_a_failed_request_fails_every_read_of_its_batch_and_the_next_batch_asks_again() -> None:
-    coalescer: Coalescer[str] = Coalescer()
+    coalescer: Coalescer[str, str] = Coalescer()
     failing = Asked(hold_first=True, fail=True)
     results: list[object] = []
     first = in_thread(lambda: coalescer.read("p95", frozenset({"a"}), failing), results)
@@ -103,7 +103,7 @@ def test_a_failed_request_fails_every_read_of_its_batch_and_the_next_batch_asks_
 
 @pytest.mark.parametrize("readers", [2, 16])
 def test_every_read_gets_an_answer_that_covers_its_scope(readers: int) -> None:
-    coalescer: Coalescer[str] = Coalescer()
+    coalescer: Coalescer[str, str] = Coalescer()
 
     def slow(union: frozenset[str]) -> list[str]:
         time.sleep(0.01)

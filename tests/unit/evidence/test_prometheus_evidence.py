@@ -24,9 +24,10 @@ from flotilla_evidence import (
     Queries,
     parse_catalogue,
 )
-from flotilla_evidence.queries import name_regex
+from flotilla_evidence.queries import DEFAULTS, name_regex
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+DEFAULT_P95 = DEFAULTS["service_p95"]
 Series = tuple[dict[str, str], float]
 
 
@@ -55,14 +56,21 @@ class Scripted:
         form = {k: v[0] for k, v in parse_qs(request.content.decode()).items()}
         query = form["query"]
         self.asked.append(query)
-        if request.url.path.endswith("query_range"):
-            metric = next(m for m in self.ranges if m in query)
-            result = [{"metric": m, "values": v} for m, v in self._filter(query, self.ranges[metric])]
-            return httpx.Response(200, json={"status": "success", "data": {"resultType": "matrix", "result": result}})
-        metric = next((m for m in self.series if m in query), None)
-        items = self._filter(query, self.series.get(metric, [])) if metric else []
-        result = [{"metric": m, "value": [NOW.timestamp(), str(v)]} for m, v in items]
-        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+        ranged = request.url.path.endswith("query_range")
+        # a bundle: label_replace(<query>, "flotilla_reading", "<name>", "", "") or ...
+        parts = re.findall(r'label_replace\((.*?), "flotilla_reading", "(\w+)", "", ""\)', query) or [(query, None)]
+        result = []
+        for part, tag in parts:
+            extra = {} if tag is None else {"flotilla_reading": tag}
+            if ranged:
+                metric = next(m for m in self.ranges if m in part)
+                result += [{"metric": {**m, **extra}, "values": v} for m, v in self._filter(part, self.ranges[metric])]
+            else:
+                metric = next((m for m in self.series if m in part), None)
+                items = self._filter(part, self.series.get(metric, [])) if metric else []
+                result += [{"metric": {**m, **extra}, "value": [NOW.timestamp(), str(v)]} for m, v in items]
+        data = {"resultType": "matrix" if ranged else "vector", "result": result}
+        return httpx.Response(200, json={"status": "success", "data": data})
 
 
 def svc(name: str, env: str = "production") -> dict[str, str]:
@@ -354,3 +362,17 @@ def test_an_estates_own_query_is_never_merged() -> None:
     assert queries.scoped_label("service_p95") is None  # where its scope goes is unknown
     assert queries.scoped_label("edges") == "client"
     assert queries.scoped_label("utilization") is None
+
+
+def test_a_neighbourhood_is_three_requests_and_an_estates_own_query_goes_alone() -> None:
+    # the names around the service, then its instant readings and its range readings
+    api = demo_estate()
+    bundled = evidence(api, catalogue=CATALOGUE).snapshot("checkout-api", environment="production")
+    assert len(api.asked) == 3, api.asked
+    assert all("flotilla_reading" in q for q in api.asked)  # each a bundle (the first of one query)
+    # the same p95 query, written by the estate: not the default text, so asked on its own
+    own = Queries.with_overrides({"service_p95": DEFAULT_P95 + " + 0"}, "2m")
+    api.asked.clear()
+    alone = evidence(api, catalogue=CATALOGUE, queries=own).snapshot("checkout-api", environment="production")
+    assert len(api.asked) == 5, api.asked  # its instant and its range reading, each alone
+    assert alone == bundled
