@@ -31,7 +31,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flotilla_evidence import EvidenceSource
-from flotilla_reasoning import DiagnosticEvidence, RulesReasoner
+from flotilla_reasoning import RulesReasoner
 from flotilla_reasoning.records import diagnosis_record, read_diagnosis
 
 from flotilla import fleet
@@ -40,9 +40,10 @@ from flotilla.envelope import Envelope
 from flotilla.keys import Keyring
 from flotilla.outbox import Outbox
 from flotilla.provenance import Provenance
-from flotilla.records import DiagnosisRequested, RecoveryApproved, RecoveryProposed, ServiceLatencyIncreased
+from flotilla.records import DiagnosisRequested, RecoveryProposed, ServiceLatencyIncreased
 from flotilla.serde import AvroSerde
 from flotilla.typedrecord import Record
+from services.diagnostic_agent.handlers import evidence_for
 from services.executor.commands import from_record
 from services.executor.execution import Applied
 from services.executor.outcomes import recovery_executed
@@ -51,7 +52,7 @@ from services.policy.commands import command_record, epoch_ms
 from services.policy.decide import Outcome, PolicyEngine
 from services.policy.inventory import SimInventory
 from services.policy.proposals import read_proposal
-from services.policy.records import issue_commands
+from services.policy.records import auto_approval, issue_commands
 from services.remediation_agent.plan import proposal_value
 
 # The producers of the chain's records, by the fleet's member names (flotilla.provenance).
@@ -146,15 +147,7 @@ class FleetWork:
         """The diagnostic agent: the evidence around the service, then the rules reasoner."""
         request = DiagnosisRequested.from_value(self._receive(requested))
         topology = self.evidence.snapshot(around=request.service, environment=request.environment)
-        evidence = DiagnosticEvidence(
-            request.incident_id,
-            request.service,
-            request.environment,
-            request.symptom,
-            topology,
-            requested_at=request.requested_at,
-        )
-        diagnosis = self.reasoner.diagnose(evidence)
+        diagnosis = self.reasoner.diagnose(evidence_for(request, topology))
         return self._caused(
             fleet.DIAGNOSTIC.name, diagnosis_record(diagnosis, job_id=None, now=datetime.now(UTC)), requested
         )
@@ -181,15 +174,7 @@ class FleetWork:
         decision = self.engine.decide(proposal.facts(self.inventory.current_replicas), epoch_ms(now))
         if decision.outcome is not Outcome.AUTO:
             raise ChainBroken(f"{proposal.incident_id}: policy says {decision.outcome} ({decision.reasons})")
-        approval = RecoveryApproved(
-            incident_id=proposal.incident_id,
-            proposal_id=proposal.proposal_id,
-            digest=proposal.digest,
-            approved_by=fleet.POLICY.name,
-            auto=True,
-            policy_ids=tuple(decision.policy_ids),
-            approved_at=now,
-        )
+        approval = auto_approval(proposal, decision.policy_ids, approved_by=fleet.POLICY.name, at=now)
         emitted = [self._caused(fleet.POLICY.name, approval, proposed)]
         issue_commands(
             lambda record, envelope, _key: emitted.append(self._emit(fleet.POLICY.name, record, envelope)),

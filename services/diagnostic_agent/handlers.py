@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from flotilla_evidence import EvidenceSource, EvidenceUnavailable
+from flotilla_evidence import EvidenceSource, EvidenceUnavailable, Topology
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, Reasoner, ReasoningFailed
 from flotilla_reasoning.failures import escalation_reason, record_failure
 from flotilla_reasoning.model import Verdict
@@ -56,6 +56,18 @@ DIAGNOSE = "diagnose"  # the kind of deferred work: a request waiting for eviden
 
 # Emits one record for the incident at hand, caused by what the agent is answering.
 Emit = Callable[[Record], Envelope]
+
+
+def evidence_for(request: DiagnosisRequested, topology: Topology) -> DiagnosticEvidence:
+    """What the reasoner is given for a first look at a request (no job has run yet)."""
+    return DiagnosticEvidence(
+        request.incident_id,
+        request.service,
+        request.environment,
+        request.symptom,
+        topology,
+        requested_at=request.requested_at,
+    )
 
 
 class DiagnosticAgent:
@@ -102,15 +114,7 @@ class DiagnosticAgent:
             return exc
         with ctx.pool.connection() as conn:
             topology = baselines.with_baselines(conn, snapshot)
-        evidence = DiagnosticEvidence(
-            request.incident_id,
-            request.service,
-            request.environment,
-            request.symptom,
-            topology,
-            requested_at=request.requested_at,
-        )
-        return self._reason(evidence)
+        return self._reason(evidence_for(request, topology))
 
     # ------------------------------------------ worker: one short transaction
 

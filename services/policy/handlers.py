@@ -31,7 +31,7 @@ from flotilla import (
 )
 from flotilla.authority import Grant, Unauthorized, verify_proposal
 from flotilla.deadletter import Reason
-from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryApproved, RecoveryProposed
+from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryProposed
 from services.policy import basis, records, store
 from services.policy.approval_rules import ProposalStatus
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
@@ -125,15 +125,7 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
         _deny(ctx, proposal, decision, reasons, now)
     elif decision.outcome is Outcome.AUTO:
         status = ProposalStatus.AUTHORIZED
-        approval = RecoveryApproved(
-            incident_id=proposal.incident_id,
-            proposal_id=proposal.proposal_id,
-            digest=proposal.digest,
-            approved_by=svc.spec.name,
-            auto=True,
-            policy_ids=tuple(policy_ids),
-            approved_at=now,
-        )
+        approval = records.auto_approval(proposal, policy_ids, approved_by=svc.spec.name, at=now)
         approved = ctx.emit(approval, key=proposal.incident_id)
         records.issue_commands(
             ctx.emit_as,

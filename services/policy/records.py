@@ -16,12 +16,26 @@ from flotilla import Envelope, Record
 from flotilla.authority import Grant, Signer, authorize_command
 from flotilla.commands import record_type as command_type
 from flotilla.commands import resource_key
-from flotilla.records import BY_TYPE
+from flotilla.records import BY_TYPE, RecoveryApproved
 from services.policy.commands import command_kind
+from services.policy.proposals import Proposal
 
 # Appends one command under its envelope, keyed by its target: the handler's pending rows
 # (``HandlerContext.emit_as``) or the outbox at once (``Outbox.append``), both the one way in.
 CommandSink = Callable[[Record, Envelope, str], object]
+
+
+def auto_approval(proposal: Proposal, policy_ids: Sequence[str], *, approved_by: str, at: datetime) -> RecoveryApproved:
+    """The approval policy gives a proposal its rules authorize without a person."""
+    return RecoveryApproved(
+        incident_id=proposal.incident_id,
+        proposal_id=proposal.proposal_id,
+        digest=proposal.digest,
+        approved_by=approved_by,
+        auto=True,
+        policy_ids=tuple(policy_ids),
+        approved_at=at,
+    )
 
 
 def issue_commands(
