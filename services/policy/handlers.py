@@ -4,8 +4,9 @@ RecoveryProposed: check it (attestation, digest, steps, and that the diagnosis a
 it rests on are facts this service verified: services/policy/basis.py), decide, make it the current proposal for its
 incident and resources (superseding older pending ones), record proposal and decision,
 and emit — RecoveryApproved(auto) plus the commands, HumanApprovalRequired, or
-CommandDenied (always CommandDenied in a dry run). IncidentEscalated: the incident is in
-people's hands now, so its pending approvals are cancelled.
+CommandDenied and IncidentEscalated (always so in a dry run: nothing of the plan runs, so a
+person takes the incident). IncidentEscalated: the incident is in people's hands now, so
+its pending approvals are cancelled.
 
 All of it in the consumer's transaction: the loop has already deduplicated the record
 and checked the incident workflow accepts it.
@@ -194,6 +195,8 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
 
 
 def _deny(ctx: HandlerContext, proposal: Proposal, decision: Decision, reasons: list[str], now: datetime) -> None:
+    """CommandDenied, and the incident to a person: nothing of the plan runs, and nothing
+    else would ever move the incident on (a denial used to leave it DENIED, unseen)."""
     denied = CommandDenied(
         incident_id=proposal.incident_id,
         proposal_id=proposal.proposal_id,
@@ -203,4 +206,10 @@ def _deny(ctx: HandlerContext, proposal: Proposal, decision: Decision, reasons: 
         policy_ids=tuple(decision.policy_ids),
         denied_at=now,
     )
-    ctx.emit(denied, key=proposal.incident_id)
+    cause = ctx.emit(denied, key=proposal.incident_id)
+    reason = f"policy denied proposal {proposal.proposal_id} ({proposal.summary}): {'; '.join(reasons)}"
+    ctx.emit_as(
+        escalation(proposal.incident_id, reason, cause=cause, at=now),
+        cause.caused(IncidentEscalated.TYPE, cause.source),
+        proposal.incident_id,
+    )

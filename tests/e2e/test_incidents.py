@@ -160,6 +160,8 @@ def test_a_proposal_beyond_the_limits_is_denied(fleet: Fleet, watch: Watch) -> N
     produce(fleet, "incidents", incident, PROPOSED, value, envelope)
     denied = watch.kind("CommandDenied", incident)
     assert any("20" in reason for reason in denied.value["reasons"]), denied.value
+    escalated = watch.kind("IncidentEscalated", incident)  # nothing of the plan runs: a person decides
+    assert escalated.value["causeEventId"] == denied.value["eventId"], escalated.value
     watch.settle(2)
     assert not [s for s in watch.seen if s.topic == "commands" and s.value.get("incidentId") == incident]
 

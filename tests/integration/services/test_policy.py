@@ -657,7 +657,9 @@ def test_a_dry_run_emits_no_commands(svc: ServiceContext, runtime: PolicyRuntime
         value = scale_proposal(incident, replicas=replicas)
         handle_directly(svc, dry, value)
         rows = outbox(svc, incident)
-        assert [r.type for r in rows] == [CommandDenied.TYPE]
+        assert [r.type for r in rows] == [CommandDenied.TYPE, IncidentEscalated.TYPE]
+        assert rows[1].value["reason"].startswith(f"policy denied proposal {value['proposalId']}")
+        assert f"dry-run: would {would}" in rows[1].value["reason"]
         assert rows[0].value["reasons"][0] == f"dry-run: would {would}"
         assert len(rows[0].value["reasons"]) > 1
         assert rows[0].value["policyIds"]
@@ -668,8 +670,11 @@ def test_a_denied_plan(svc: ServiceContext, runtime: PolicyRuntime) -> None:
     incident = new_incident(svc)
     value = scale_proposal(incident, replicas=40)
     handle_directly(svc, runtime, value)
-    [denied] = outbox(svc, incident)
-    assert denied.type == CommandDenied.TYPE
+    [denied, escalated] = outbox(svc, incident)
+    assert (denied.type, escalated.type) == (CommandDenied.TYPE, IncidentEscalated.TYPE)
+    # a denial is the end of the plan, so the incident goes to a person (it used to stay DENIED)
+    assert escalated.value["causeEventId"] == denied.value["eventId"]
+    assert escalated.value["reason"].endswith("replicas 40 above the limit of 20")
     assert denied.value["reasons"] == ["replicas 40 above the limit of 20"]
     assert denied.value["policyIds"] == ["max-replicas"]
     assert str(denied.value["commandId"]) == value["steps"][0]["commandId"]
