@@ -231,7 +231,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, list[str]]:
         topic=args.topic or f"bench-dbos-{uuid.uuid4().hex[:8]}",
     )
     # what a worker process is started with: the same run, minus who it is
-    passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+    passed = list(argv if argv is not None else sys.argv[1:])
     return options, passed
 
 

@@ -38,8 +38,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from confluent_kafka import Consumer
 from flotilla_evidence.settings import EvidenceSettings
 from idle_footprint import cpu_between, snapshot
 from incident_latency import CHAIN, http, percentile
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict
 
@@ -162,16 +164,18 @@ def prometheus_pace(*args: str) -> None:
         raise SystemExit(f"stackctl prometheus-pace {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
 
 
+def metric_families(base_url: str) -> Iterable[Metric]:
+    """The metric families a ``/metrics`` page exposes now."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
+        return text_string_to_metric_families(resp.read().decode())
+
+
 def prometheus_queries(settings: StackSettings) -> float:
     """Query API requests Prometheus has answered so far (instant and range): what the
     agents' evidence reads cost it, counted by Prometheus itself."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{settings.prometheus_url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     return sum(
         sample.value
-        for family in text_string_to_metric_families(text)
+        for family in metric_families(settings.prometheus_url)
         if family.name == "prometheus_http_requests"
         for sample in family.samples
         if sample.name.endswith("_total") and sample.labels.get("handler") in ("/api/v1/query", "/api/v1/query_range")
@@ -181,13 +185,9 @@ def prometheus_queries(settings: StackSettings) -> float:
 def gathers() -> dict[str, tuple[float, float]]:
     """(seconds, count) of the deferred slow calls so far, per "member/kind": the evidence and
     reasoning of the two agents, outside any transaction (flotilla.deferred)."""
-    import urllib.request
-
     found: dict[str, tuple[float, float]] = {}
     for member in (DIAGNOSTIC, REMEDIATION):
-        with urllib.request.urlopen(f"{url(member)}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
+        for family in metric_families(url(member)):
             if family.name != "flotilla_deferred_gather_seconds":
                 continue
             for sample in family.samples:

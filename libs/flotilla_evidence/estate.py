@@ -162,13 +162,14 @@ class PrometheusEvidence:
                 wanted,
                 lambda union: bundle({name: {n for q, n in union if q == p} for name, (p, _) in bundled.items()}),
             )
+        # the result label each bundled query is scoped by, once per request, not per series
+        fields = {name: getattr(self.labels, self.queries.scoped_label(name) or "") for name in bundled}
         for r in answer:
             name = r.labels.get(BUNDLE_LABEL, "")
             if name not in bundled:
                 continue
             names = bundled[name][1]
-            field = getattr(self.labels, self.queries.scoped_label(name) or "")
-            if names is None or r.labels.get(field) in names:
+            if names is None or r.labels.get(fields[name]) in names:
                 found[name].append(replace(r, labels={k: v for k, v in r.labels.items() if k != BUNDLE_LABEL}))
         return found
 
