@@ -18,12 +18,18 @@ import io.debezium.connector.postgresql.PostgresConnector;
  * <p>Configuration, besides Debezium's: {@value #IDLE_RETURN_CONFIG}, how long the task keeps
  * polling for a row before it hands the worker an empty batch (default
  * {@value #IDLE_RETURN_DEFAULT_MS} ms). It does not delay a row: a row is handed over as
- * soon as Debezium's own poll ({@code poll.interval.ms}) returns it.
+ * soon as Debezium's own poll ({@code poll.interval.ms}) returns it. And
+ * {@value #WAL_WAIT_CONFIG}: the longest the WAL reader waits on its replication socket when
+ * the WAL ran dry ({@link WalWake}; default {@value #WAL_WAIT_DEFAULT_MS} ms). A row ends the
+ * wait, so this bounds only how often an idle reader looks around; {@code poll.interval.ms}
+ * remains the sleep of a Debezium this task cannot reach into.
  */
 public class OutboxPostgresConnector extends PostgresConnector {
 
     public static final String IDLE_RETURN_CONFIG = "flotilla.idle.return.ms";
     public static final long IDLE_RETURN_DEFAULT_MS = 1000;
+    public static final String WAL_WAIT_CONFIG = "flotilla.wal.wait.ms";
+    public static final long WAL_WAIT_DEFAULT_MS = 500;
 
     /** Our settings alone: added to Debezium's in {@link #config()}, and how a task reads them. */
     static final ConfigDef OWN_CONFIG = new ConfigDef().define(
@@ -36,7 +42,18 @@ public class OutboxPostgresConnector extends PostgresConnector {
             ConfigDef.Importance.LOW,
             "How long an idle task keeps polling for a row before it returns an empty batch to the worker (ms). "
                     + "Every return ends an exactly-once transaction and flushes the slot, so a longer time is cheaper while idle; "
-                    + "a row is never held for it. At most 4000: the worker stops a task only between polls.");
+                    + "a row is never held for it. At most 4000: the worker stops a task only between polls.")
+            .define(
+                    WAL_WAIT_CONFIG,
+                    ConfigDef.Type.LONG,
+                    WAL_WAIT_DEFAULT_MS,
+                    // The reader checks whether the task stops only between waits.
+                    ConfigDef.Range.between(1, 4_000),
+                    ConfigDef.Importance.LOW,
+                    "The longest the WAL reader waits on its replication socket for the next change when the WAL ran dry (ms). "
+                            + "A change ends the wait at once, so this is not a row's latency: only how often an idle reader "
+                            + "checks its heartbeat, its connection and whether to stop. poll.interval.ms stays the sleep "
+                            + "of a Debezium whose reader this plugin cannot reach (it logs a warning then).");
 
     @Override
     public Class<? extends Task> taskClass() {
@@ -54,5 +71,10 @@ public class OutboxPostgresConnector extends PostgresConnector {
     /** {@value #IDLE_RETURN_CONFIG} from a task's settings, checked as {@link #OWN_CONFIG} says. */
     static long idleReturnMillis(Map<String, String> settings) {
         return new AbstractConfig(OWN_CONFIG, settings, false).getLong(IDLE_RETURN_CONFIG);
+    }
+
+    /** {@value #WAL_WAIT_CONFIG} from a task's settings, checked as {@link #OWN_CONFIG} says. */
+    static long walWaitMillis(Map<String, String> settings) {
+        return new AbstractConfig(OWN_CONFIG, settings, false).getLong(WAL_WAIT_CONFIG);
     }
 }

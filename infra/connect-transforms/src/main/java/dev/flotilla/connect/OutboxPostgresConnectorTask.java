@@ -4,6 +4,8 @@ import java.util.List;
 import java.util.UUID;
 
 import org.apache.kafka.connect.source.SourceRecord;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 import io.debezium.config.CommonConnectorConfig;
 import io.debezium.config.Configuration;
@@ -33,6 +35,10 @@ import io.debezium.pipeline.ChangeEventSourceCoordinator;
  *       PostgreSQL recycle WAL already published; a restart resumes from the offset committed
  *       in Kafka, so deferring it never loses or repeats a row.
  * </ul>
+ * And one cost to a row: Debezium's WAL reader sleeps {@code poll.interval.ms} whenever the WAL
+ * ran dry, so a row committed meanwhile waits for the sleep to end. The task has the reader
+ * wait on its replication socket instead ({@link WalWake}), for at most
+ * {@value OutboxPostgresConnector#WAL_WAIT_CONFIG}.
  */
 public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
 
@@ -44,6 +50,12 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
     private IdlePoll idlePoll = new IdlePoll(OutboxPostgresConnector.IDLE_RETURN_DEFAULT_MS, System::nanoTime);
     private Throttle slotFlush = new Throttle(OutboxPostgresConnector.IDLE_RETURN_DEFAULT_MS, System::nanoTime);
     private volatile SignallingQueueProvider<?> events;
+    private ChangeEventSourceCoordinator<PostgresPartition, PostgresOffsetContext> coordinator;
+    private long walWaitMillis;
+    /** The streaming source {@link WalWake} was last put in (or failed to be): each is tried once. */
+    private Object wokenSource;
+
+    private static final Logger LOG = LoggerFactory.getLogger(OutboxPostgresConnectorTask.class);
 
     @Override
     public ChangeEventSourceCoordinator<PostgresPartition, PostgresOffsetContext> start(Configuration config) {
@@ -55,7 +67,9 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
                 .with(CommonConnectorConfig.QUEUE_PROVIDER_TYPE, SignallingQueueProvider.NAME)
                 .with(SignallingQueueProvider.QUEUE_ID_CONFIG, queueId)
                 .build();
-        ChangeEventSourceCoordinator<PostgresPartition, PostgresOffsetContext> coordinator = super.start(withOurQueue);
+        walWaitMillis = OutboxPostgresConnector.walWaitMillis(config.asMap());
+        wokenSource = null;
+        coordinator = super.start(withOurQueue);
         SignallingQueueProvider<?> made = SignallingQueueProvider.take(queueId);
         if (made == null) {
             throw new IllegalStateException("Debezium did not create the " + SignallingQueueProvider.NAME + " queue this task asked for");
@@ -66,6 +80,7 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
 
     @Override
     public List<SourceRecord> doPoll() throws InterruptedException {
+        wakeTheWalReader();
         List<SourceRecord> batch = idlePoll.next(this::pollWhenThereIsAnEvent, this::running);
         // Idle: Debezium's own poll once, which throws what the WAL reader failed with.
         return batch.isEmpty() ? super.doPoll() : batch;
@@ -84,6 +99,25 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
             return List.of();
         }
         return Drain.queued(super::doPoll, queue::hasEvent, BATCH_CAP);
+    }
+
+    /**
+     * Puts {@link WalWake} in the streaming source once it exists (after the snapshot), and in
+     * each new one Debezium makes; a look at a field per poll otherwise.
+     */
+    private void wakeTheWalReader() {
+        ChangeEventSourceCoordinator<PostgresPartition, PostgresOffsetContext> running = coordinator;
+        Object source = running == null ? null : running.getStreamingSource().orElse(null);
+        if (source == null || source == wokenSource) {
+            return;
+        }
+        wokenSource = source;
+        if (WalWake.install(source, walWaitMillis)) {
+            LOG.info("Debezium's WAL reader waits on its replication socket (at most {} ms) instead of sleeping", walWaitMillis);
+        } else {
+            LOG.warn("Debezium's WAL reader keeps its own sleep (poll.interval.ms): {}",
+                    WalWake.missing() != null ? WalWake.missing() : "its streaming source is not the one this version expects");
+        }
     }
 
     private boolean running() {

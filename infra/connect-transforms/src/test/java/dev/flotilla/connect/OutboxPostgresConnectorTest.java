@@ -33,6 +33,7 @@ class OutboxPostgresConnectorTest {
         ConfigDef debeziums = new PostgresConnector().config();
 
         assertTrue(ours.names().contains(OutboxPostgresConnector.IDLE_RETURN_CONFIG));
+        assertTrue(ours.names().contains(OutboxPostgresConnector.WAL_WAIT_CONFIG));
         assertTrue(ours.names().containsAll(debeziums.names()));
         assertTrue(!debeziums.names().contains(OutboxPostgresConnector.IDLE_RETURN_CONFIG));
         // Asked twice, it is still one definition (no "defined twice" from a shared ConfigDef).
@@ -51,5 +52,15 @@ class OutboxPostgresConnectorTest {
         assertThrows(ConfigException.class, () -> OutboxPostgresConnector.idleReturnMillis(Map.of(key, "-1")));
         assertEquals(4000, OutboxPostgresConnector.idleReturnMillis(Map.of(key, "4000")));
         assertThrows(ConfigException.class, () -> OutboxPostgresConnector.idleReturnMillis(Map.of(key, "4001")));
+    }
+
+    @Test
+    void readsTheWalWaitAndRefusesNonsense() {
+        String key = OutboxPostgresConnector.WAL_WAIT_CONFIG;
+        assertEquals(500, OutboxPostgresConnector.walWaitMillis(Map.of()));
+        assertEquals(20, OutboxPostgresConnector.walWaitMillis(Map.of(key, "20")));
+        assertThrows(ConfigException.class, () -> OutboxPostgresConnector.walWaitMillis(Map.of(key, "0")));
+        assertThrows(ConfigException.class, () -> OutboxPostgresConnector.walWaitMillis(Map.of(key, "4001")));
+        assertThrows(ConfigException.class, () -> OutboxPostgresConnector.walWaitMillis(Map.of(key, "soon")));
     }
 }
