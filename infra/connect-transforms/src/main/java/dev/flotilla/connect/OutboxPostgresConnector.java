@@ -22,7 +22,7 @@ import io.debezium.connector.postgresql.PostgresConnector;
  * {@value #WAL_WAIT_CONFIG}: the longest the WAL reader waits on its replication socket when
  * the WAL ran dry ({@link WalWake}; default {@value #WAL_WAIT_DEFAULT_MS} ms). A row ends the
  * wait, so this bounds only how often an idle reader looks around; {@code poll.interval.ms}
- * remains the sleep of a Debezium this task cannot reach into.
+ * remains the sleep of a Debezium this task cannot reach into, and where this is 0.
  */
 public class OutboxPostgresConnector extends PostgresConnector {
 
@@ -47,13 +47,13 @@ public class OutboxPostgresConnector extends PostgresConnector {
                     WAL_WAIT_CONFIG,
                     ConfigDef.Type.LONG,
                     WAL_WAIT_DEFAULT_MS,
-                    // The reader checks whether the task stops only between waits.
-                    ConfigDef.Range.between(1, 4_000),
+                    // The reader checks whether the task stops only between waits; 0 turns the wait off.
+                    ConfigDef.Range.between(0, 4_000),
                     ConfigDef.Importance.LOW,
                     "The longest the WAL reader waits on its replication socket for the next change when the WAL ran dry (ms). "
                             + "A change ends the wait at once, so this is not a row's latency: only how often an idle reader "
-                            + "checks its heartbeat, its connection and whether to stop. poll.interval.ms stays the sleep "
-                            + "of a Debezium whose reader this plugin cannot reach (it logs a warning then).");
+                            + "checks its heartbeat, its connection and whether to stop. 0: Debezium's own sleep of "
+                            + "poll.interval.ms, as also for a Debezium whose reader this plugin cannot reach (it logs a warning then).");
 
     @Override
     public Class<? extends Task> taskClass() {

@@ -112,7 +112,9 @@ public class OutboxPostgresConnectorTask extends PostgresConnectorTask {
             return;
         }
         wokenSource = source;
-        if (WalWake.install(source, walWaitMillis)) {
+        if (walWaitMillis == 0) {
+            LOG.info("Debezium's WAL reader keeps its own sleep (poll.interval.ms): {} is 0", OutboxPostgresConnector.WAL_WAIT_CONFIG);
+        } else if (WalWake.install(source, walWaitMillis)) {
             LOG.info("Debezium's WAL reader waits on its replication socket (at most {} ms) instead of sleeping", walWaitMillis);
         } else {
             LOG.warn("Debezium's WAL reader keeps its own sleep (poll.interval.ms): {}",

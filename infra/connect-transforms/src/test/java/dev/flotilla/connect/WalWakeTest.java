@@ -11,6 +11,7 @@ import java.io.OutputStream;
 import java.net.InetAddress;
 import java.net.ServerSocket;
 import java.net.Socket;
+import java.nio.ByteBuffer;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
@@ -50,27 +51,72 @@ class WalWakeTest {
     }
 
     @Test
-    void aByteEndsTheWaitAndIsLeftForTheReader() throws Exception {
-        later.schedule(() -> send('w'), 200, TimeUnit.MILLISECONDS);
+    void aChangeEndsTheWaitAndIsLeftForTheReader() throws Exception {
+        later.schedule(() -> send(xlogData()), 200, TimeUnit.MILLISECONDS);
         long started = System.nanoTime();
 
         assertTrue(new WalWake(() -> stream, 30_000).sleepWhen(true));
 
-        long waitedMillis = (System.nanoTime() - started) / 1_000_000;
-        assertTrue(waitedMillis < 20_000, "woken by the byte, not by the longest wait: " + waitedMillis + " ms");
-        assertEquals('w', stream.receiveChar()); // nothing consumed
+        assertTrue(millisSince(started) < 20_000, "woken by the change, not by the longest wait");
+        assertEquals('d', stream.receiveChar()); // nothing consumed
         assertEquals(0, stream.getNetworkTimeout()); // the reader's timeout is back
     }
 
     @Test
-    void withoutAByteItWaitsAtMostTheLongestWait() throws Exception {
+    void keepalivesDoNotEndTheWaitAndStayForTheReader() throws Exception {
+        send(keepalive(), keepalive(), keepalive());
+        long started = System.nanoTime();
+
+        assertTrue(new WalWake(() -> stream, 300).sleepWhen(true));
+
+        assertTrue(millisSince(started) >= 280, "woken by a keepalive after " + millisSince(started) + " ms");
+        assertEquals('d', stream.receiveChar());
+        assertEquals(3 * keepalive().length - 1, stream.receive(3 * keepalive().length - 1).length); // all three still there
+    }
+
+    @Test
+    void aChangeAfterKeepalivesEndsTheWait() throws Exception {
+        send(keepalive(), keepalive());
+        later.schedule(() -> send(keepalive(), xlogData()), 200, TimeUnit.MILLISECONDS);
+        long started = System.nanoTime();
+
+        assertTrue(new WalWake(() -> stream, 30_000).sleepWhen(true));
+
+        long waited = millisSince(started);
+        assertTrue(waited >= 150 && waited < 20_000, "woken by the change after the keepalives: " + waited + " ms");
+    }
+
+    @Test
+    void manyKeepalivesAreHandedToTheReaderBeforeTheLongestWait() throws Exception {
+        byte[][] lots = new byte[WalWake.KEEPALIVE_BYTES / keepalive().length + 2][];
+        java.util.Arrays.fill(lots, keepalive());
+        send(lots);
+        long started = System.nanoTime();
+
+        assertTrue(new WalWake(() -> stream, 30_000).sleepWhen(true));
+
+        assertTrue(millisSince(started) < 20_000, "so the buffer does not grow without bound");
+    }
+
+    @Test
+    void anythingButCopyDataEndsTheWait() throws Exception {
+        send(new byte[]{ 'E', 0, 0, 0, 5, 'S' }); // an error: the reader's to report
+        long started = System.nanoTime();
+
+        assertTrue(new WalWake(() -> stream, 30_000).sleepWhen(true));
+
+        assertTrue(millisSince(started) < 20_000);
+    }
+
+    @Test
+    void withoutAChangeItWaitsAtMostTheLongestWait() throws Exception {
         stream.setNetworkTimeout(7_000);
 
         assertTrue(new WalWake(() -> stream, 50).sleepWhen(true));
 
         assertEquals(7_000, stream.getNetworkTimeout());
-        send('k');
-        assertEquals('k', stream.receiveChar()); // the stream still reads after a timed-out wait
+        send(xlogData());
+        assertEquals('d', stream.receiveChar()); // the stream still reads after a timed-out wait
     }
 
     @Test
@@ -82,13 +128,13 @@ class WalWakeTest {
     void noStreamOrABrokenOneSleepsInstead() throws Exception {
         long started = System.nanoTime();
         assertTrue(new WalWake(() -> null, 50).sleepWhen(true));
-        assertTrue((System.nanoTime() - started) / 1_000_000 >= 45);
+        assertTrue(millisSince(started) >= 45);
 
-        walsender.close(); // end of stream: the peek fails at once, the wait falls back to a sleep
-        assertFalse(WalWake.awaitByte(stream, 5_000));
+        walsender.close(); // end of stream: the wait fails at once and falls back to a sleep
+        assertFalse(new WalWake(() -> stream, 5_000).awaitChange(stream, 5_000));
         started = System.nanoTime();
         assertTrue(new WalWake(() -> stream, 50).sleepWhen(true));
-        assertTrue((System.nanoTime() - started) / 1_000_000 >= 45, "slept, did not spin");
+        assertTrue(millisSince(started) >= 45, "slept, did not spin");
     }
 
     @Test
@@ -100,13 +146,35 @@ class WalWakeTest {
     void theMembersItReplacesAndReadsAreThereInThisDebezium() {
         assertNull(WalWake.missing());
         assertNotNull(WalWake.Members.DELAY);
+        assertNotNull(WalWake.Members.inputOf(stream));
         assertFalse(WalWake.install(new Object(), 20), "only into Debezium's PostgreSQL streaming source");
     }
 
-    private void send(char c) {
+    /** A CopyData message of the replication protocol: 'd', length, then the payload. */
+    private static byte[] copyData(byte[] payload) {
+        return ByteBuffer.allocate(5 + payload.length).put((byte) 'd').putInt(4 + payload.length).put(payload).array();
+    }
+
+    /** A primary keepalive: 'k', the WAL end, the server's clock, whether a reply is asked for. */
+    private static byte[] keepalive() {
+        return copyData(ByteBuffer.allocate(18).put((byte) 'k').putLong(0x16B3_7A28L).putLong(1L).put((byte) 0).array());
+    }
+
+    /** A change: 'w', its start, the WAL end, the server's clock, then pgoutput's message. */
+    private static byte[] xlogData() {
+        return copyData(ByteBuffer.allocate(27).put((byte) 'w').putLong(1L).putLong(2L).putLong(3L).put((byte) 'B').put((byte) 0).array());
+    }
+
+    private static long millisSince(long startedNanos) {
+        return (System.nanoTime() - startedNanos) / 1_000_000;
+    }
+
+    private void send(byte[]... messages) {
         try {
             OutputStream out = walsender.getOutputStream();
-            out.write(c);
+            for (byte[] message : messages) {
+                out.write(message);
+            }
             out.flush();
         } catch (Exception e) {
             throw new IllegalStateException(e);
