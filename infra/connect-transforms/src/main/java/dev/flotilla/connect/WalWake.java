@@ -40,7 +40,7 @@ final class WalWake implements DelayStrategy {
 
     private static final Logger LOG = LoggerFactory.getLogger(WalWake.class);
 
-    /** Keepalives left in the buffer before the reader is woken to take them (18 bytes each). */
+    /** Keepalives left in the buffer before the reader is woken to take them (23 bytes each on the wire). */
     static final int KEEPALIVE_BYTES = 64 * 1024;
     /**
      * How long the wait pauses after keepalives before it reads the socket again: the shortest,
