@@ -25,7 +25,9 @@ def test_compiled_against_the_kafka_the_local_stack_runs() -> None:
 
 
 def test_the_jar_carries_our_classes_only() -> None:
-    # Connect's API and Debezium are the worker's own; a second copy in the plugin would shadow them.
+    # Connect's API and Debezium (pgjdbc with it) are the worker's own; a second copy in the
+    # plugin would shadow them. The Checker Framework's annotations are only for javac: pgjdbc's
+    # classes, which WalWake uses, carry them.
     deps = {
         child_text(dep, "m:artifactId"): child_text(dep, "m:scope") or "compile"
         for dep in pom_elements(TRANSFORMS_POM, "m:dependencies/m:dependency")
@@ -34,6 +36,7 @@ def test_the_jar_carries_our_classes_only() -> None:
         "connect-api": "provided",
         "connect-transforms": "provided",
         "debezium-connector-postgres": "provided",
+        "checker-qual": "provided",
         "junit-jupiter": "test",
     }
 
