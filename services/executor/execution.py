@@ -31,10 +31,20 @@ The consequence for the handler: it must not hold a lock that a later short tran
 of the same handler needs, or it would wait on itself. So every fenced write goes in
 :meth:`Session.record`, called once at the end of the handler; until then the
 handler's transaction only reads (and locks saga rows, which short transactions never
-touch). The loop must run one transaction per record (``batch_transactions=False``) for
-the same reason: a batch would keep the previous command's lease row locked while the
-next command's short transaction tries to take it. Short transactions also set
-``lock_timeout`` so that a mistake here shows as an error, not a hang.
+touch). Short transactions also set ``lock_timeout`` so that a mistake here shows as an
+error, not a hang.
+
+Batches: the loop runs many records in one transaction (and, after a failure, each in a
+savepoint of one), so a record's release keeps its lease row locked until the batch
+commits, and the next command for that resource in the batch cannot take the lease in a
+short transaction: it would wait on its own batch. It does not need to: the lease is
+still ours while the row is locked, at an epoch that was committed when it was acquired.
+The sessions of one handler transaction share a :class:`HandlerTransaction` naming the
+leases it released; a session holds such a lease again by its row lock
+(:func:`leases.relock`) and goes on under the same epoch, with only its PENDING row in a
+short transaction. If that same record is retried in the batch (a savepoint rolled
+back), its key is PENDING under that epoch already: :func:`idempotency.begin` re-stamps
+it for the same holder, in doubt, so it is looked up before anything is called again.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -144,6 +154,15 @@ class _Settlement:
     retryable: bool = False
 
 
+@dataclass
+class HandlerTransaction:
+    """The handler transaction open now, as this executor's sessions share it: the leases
+    it has released so far, whose rows it keeps locked until it ends (see the module doc)."""
+
+    xid: str
+    released: dict[str, Lease] = field(default_factory=dict)
+
+
 class Executor:
     """Runs steps against one target under per-resource leases, for one holder id."""
 
@@ -159,12 +178,14 @@ class Executor:
         self.target = target
         self.config = config
         self.sleep = sleep
+        self._transaction: HandlerTransaction | None = None
 
-    def session(self) -> Session:
-        """A fresh session for one handler run."""
-        return Session(self)
+    def session(self, transaction: HandlerTransaction | None = None) -> Session:
+        """A fresh session for one handler run, sharing ``transaction`` with the other
+        records of its batch (what :meth:`bound_handler_transaction` returned)."""
+        return Session(self, transaction or HandlerTransaction(xid=""))
 
-    def bound_handler_transaction(self, conn: psycopg.Connection[Any]) -> None:
+    def bound_handler_transaction(self, conn: psycopg.Connection[Any]) -> HandlerTransaction:
         """Let PostgreSQL end the handler's transaction if this process stalls in it.
 
         The handler's transaction stays open while the target acts, holding the record's
@@ -172,9 +193,19 @@ class Executor:
         frozen VM) would keep them locked forever, and the executor that takes over its
         partition would block on the same claim. So the transaction may sit idle no longer
         than a lease lives: by the time the lease can be taken over, its locks are gone too.
+
+        Returns the transaction as the sessions of its records share it: the same object for
+        every record of one transaction (one loop thread runs them), a new one for the next.
         """
         timeout_ms = max(1000, int(self.config.lease_ttl_seconds * 1000))
-        conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (str(timeout_ms),))
+        row = conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, true), pg_current_xact_id()::text",
+            (str(timeout_ms),),
+        ).fetchone()
+        assert row is not None
+        if self._transaction is None or self._transaction.xid != row[1]:
+            self._transaction = HandlerTransaction(xid=row[1])
+        return self._transaction
 
     @contextmanager
     def short_transaction(self) -> Iterator[psycopg.Connection[Any]]:
@@ -198,10 +229,18 @@ class Heartbeat:
     the heartbeat; recording the outcome then fails on the epoch (LeaseLost), as it must.
     """
 
-    def __init__(self, executor: Executor, lease: Lease, handler_conn: psycopg.Connection[Any] | None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        lease: Lease,
+        handler_conn: psycopg.Connection[Any] | None,
+        *,
+        renew: bool = True,  # False: the handler's transaction holds the lease row locked
+    ) -> None:
         self._x = executor
         self._lease = lease
         self._conn = handler_conn
+        self._renew = renew
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat {lease.resource}", daemon=True)
         self.beats = 0
@@ -218,8 +257,9 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self._x.config.heartbeat_seconds):
             try:
-                with self._x.short_transaction() as short:
-                    self._lease = leases.renew(short, self._lease, self._x.config.lease_ttl_seconds)
+                if self._renew:
+                    with self._x.short_transaction() as short:
+                        self._lease = leases.renew(short, self._lease, self._x.config.lease_ttl_seconds)
                 if self._conn is not None:
                     self._conn.execute("SELECT 1")
                 self.beats += 1
@@ -238,9 +278,11 @@ class Session:
     emit what the outcomes say, then ``record`` once in the handler's transaction.
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, transaction: HandlerTransaction) -> None:
         self._x = executor
+        self._transaction = transaction
         self._held: dict[str, Lease] = {}
+        self._locked: set[str] = set()  # held by the handler transaction's row lock, not by expiry
         self._settlements: list[_Settlement] = []
         self._recorded = False
 
@@ -275,8 +317,9 @@ class Session:
     def begin(
         self, step: Step, handler_conn: psycopg.Connection[Any] | None = None
     ) -> tuple[Lease, Begun | Execution] | None:
-        """Step 1: lease (new epoch, or ours renewed) + PENDING, in a short committed
-        transaction; None if another holder's lease did not expire within the wait.
+        """Step 1: lease (new epoch, ours renewed, or one this handler transaction released
+        held again by its row lock) + PENDING, in a short committed transaction; None if
+        another holder's lease did not expire within the wait.
 
         The wait (a little longer than a lease lives) outlasts the handler transaction's
         idle bound (a lease's life): each failed attempt touches that transaction, as the
@@ -285,11 +328,15 @@ class Session:
         """
         config = self._x.config
         held = self._held.get(step.resource)
+        if held is None and handler_conn is not None:
+            held = self._relock(handler_conn, step.resource)
 
         def attempt() -> tuple[Lease, Begun | Execution] | None:
             with self._x.short_transaction() as short:
-                if held is not None:
-                    lease: Lease | None = leases.renew(short, held, config.lease_ttl_seconds)
+                if held is not None and step.resource in self._locked:
+                    lease: Lease | None = held  # no one can take it over while our row lock holds
+                elif held is not None:
+                    lease = leases.renew(short, held, config.lease_ttl_seconds)
                 else:
                     lease = leases.acquire(short, step.resource, config.holder, config.lease_ttl_seconds)
                 if lease is not None:
@@ -303,6 +350,18 @@ class Session:
             self._held[step.resource] = started[0]
         return started
 
+    def _relock(self, handler_conn: psycopg.Connection[Any], resource: str) -> Lease | None:
+        """The lease an earlier record of this transaction released, held again by its row
+        lock (:func:`leases.relock`); None if this transaction released none on ``resource``."""
+        released = self._transaction.released.get(resource)
+        if released is None:
+            return None
+        lease = leases.relock(handler_conn, released)
+        if lease is not None:
+            self._held[resource] = lease
+            self._locked.add(resource)
+        return lease
+
     def act(
         self,
         step: Step,
@@ -314,7 +373,8 @@ class Session:
     ) -> Outcome:
         """Step 2: reconcile an in-doubt key, then call the target with the epoch — under
         a :class:`Heartbeat`, however long the target takes."""
-        with Heartbeat(self._x, lease, handler_conn) as heartbeat:
+        renew = lease.resource not in self._locked
+        with Heartbeat(self._x, lease, handler_conn, renew=renew) as heartbeat:
             outcome = self._act(step, lease, begun, now)
         if heartbeat.lost:
             # A newer holder owns the resource: it reconciles the key by lookup; recording
@@ -378,8 +438,9 @@ class Session:
                 log.warning("target unavailable (attempt %d of %d): %s", attempt, config.target_attempts, exc)
                 self._x.sleep(delay)
                 delay *= 2
-                with self._x.short_transaction() as short:
-                    self._held[lease.resource] = leases.renew(short, lease, config.lease_ttl_seconds)
+                if lease.resource not in self._locked:
+                    with self._x.short_transaction() as short:
+                        self._held[lease.resource] = leases.renew(short, lease, config.lease_ttl_seconds)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ---------------------------------------------------------------- outcomes
@@ -418,6 +479,7 @@ class Session:
         self._recorded = True
         for resource in sorted(self._held):  # one lock order for every executor
             leases.release(conn, self._held[resource])
+        self._transaction.released.update(self._held)  # row-locked until the transaction ends
         for s in self._settlements:
             idempotency.settle(
                 conn,

@@ -66,7 +66,7 @@ class ExecutorHandlers:
 
     def on_command(self, ctx: HandlerContext) -> None:
         self._authorize(ctx)  # before anything else: a lease is only ever taken for the policy's commands
-        self.executor.bound_handler_transaction(ctx.conn)
+        transaction = self.executor.bound_handler_transaction(ctx.conn)
         step = commands.from_record(ctx.incoming.record_type, ctx.incoming.value)
         if ctx.incoming.key is not None and ctx.incoming.key != step.resource:
             log.warning(
@@ -74,7 +74,7 @@ class ExecutorHandlers:
             )
         recorded = idempotency.find(ctx.conn, step.idempotency_key)
         if recorded is not None and recorded.command_id != step.command_id:
-            self._refuse_key_conflict(ctx, step, recorded)
+            self._refuse_key_conflict(ctx, transaction, step, recorded)
             return
         if recorded is not None and recorded.settled:
             log.info("%s already %s: nothing to do", step.idempotency_key, recorded.state.value)
@@ -86,7 +86,7 @@ class ExecutorHandlers:
             self._report_failed(ctx, Failed(step, PROPOSAL_ABORTED, why, retryable=False))
             return
 
-        session = self.executor.session()
+        session = self.executor.session(transaction)
         outcome = session.run(ctx.conn, step, self.clock())
         if isinstance(outcome, Applied):
             saga.add_step(ctx.conn, outcome)
@@ -97,14 +97,14 @@ class ExecutorHandlers:
         session.record(ctx.conn)
 
     def on_recovery_failed(self, ctx: HandlerContext) -> None:
-        self.executor.bound_handler_transaction(ctx.conn)
+        transaction = self.executor.bound_handler_transaction(ctx.conn)
         failed = ctx.incoming.typed(RecoveryFailed)
         proposal = saga.lock(ctx.conn, failed.proposal_id)
         if proposal is None or not proposal.open:
             state = "no step of it ran here" if proposal is None else proposal.status.value
             log.info("RecoveryFailed for proposal %s ignored: %s", failed.proposal_id, state)
             return
-        session = self.executor.session()
+        session = self.executor.session(transaction)
         self._compensate(ctx, session, proposal, cause=ctx.incoming.envelope, trigger=failed.reason)
         session.record(ctx.conn)
 
@@ -140,7 +140,13 @@ class ExecutorHandlers:
                 Report(report.incident_id, report),
             ) from exc
 
-    def _refuse_key_conflict(self, ctx: HandlerContext, step: commands.Step, recorded: idempotency.Execution) -> None:
+    def _refuse_key_conflict(
+        self,
+        ctx: HandlerContext,
+        transaction: execution.HandlerTransaction,
+        step: commands.Step,
+        recorded: idempotency.Execution,
+    ) -> None:
         """Another command already holds this idempotency key: never run, never dropped
         silently — reported as failed, naming both commands, and the proposal undone."""
         message = (
@@ -153,7 +159,7 @@ class ExecutorHandlers:
         failure = self._report_failed(ctx, Failed(step, KEY_CONFLICT, message, retryable=False))
         proposal = saga.join(ctx.conn, step)
         if proposal.open:
-            session = self.executor.session()
+            session = self.executor.session(transaction)
             self._compensate(ctx, session, proposal, cause=failure, trigger=f"{step.idempotency_key} conflicts")
             session.record(ctx.conn)
 

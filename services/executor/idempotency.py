@@ -15,7 +15,8 @@ A FAILED row marked retryable (the target was unreachable) is in doubt as well: 
 request may have reached the target before the connection broke, so a retry asks first.
 
 Rows are per resource and fenced like the lease: :func:`begin` re-stamps an in-doubt row
-with the new holder's epoch (only ever upwards), and :func:`settle` updates only
+with the new holder's epoch (only ever upwards; the same epoch only for its own holder,
+whose earlier attempt under it is in doubt), and :func:`settle` updates only
 ``WHERE resource = %s AND epoch = %s`` while that epoch is still the lease's, so an
 executor that lost its lease cannot settle a row that another holder now owns.
 """
@@ -148,11 +149,12 @@ def begin(conn: psycopg.Connection[Any], step: Step, lease: Lease) -> Begun | Ex
         row = cur.execute(
             "UPDATE executions SET epoch = %s, holder = %s, state = 'PENDING', attempts = attempts + 1,"
             " started_at = now(), finished_at = NULL"
-            f" WHERE idempotency_key = %s AND resource = %s AND epoch < %s RETURNING {_COLUMNS}",
-            (lease.epoch, lease.holder, step.idempotency_key, step.resource, lease.epoch),
+            " WHERE idempotency_key = %s AND resource = %s"
+            f" AND (epoch < %s OR (epoch = %s AND holder = %s)) RETURNING {_COLUMNS}",
+            (lease.epoch, lease.holder, step.idempotency_key, step.resource, lease.epoch, lease.epoch, lease.holder),
         ).fetchone()
     restamped = _execution(row)
-    if restamped is None:  # the row carries our epoch or a newer one: not ours to take
+    if restamped is None:  # the row carries a newer epoch, or this one under another holder: not ours
         raise fenced_out(f"{step.idempotency_key} is held at epoch {found.epoch}, not below {lease.epoch}")
     return Begun(restamped, in_doubt=True)
 

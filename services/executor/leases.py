@@ -86,6 +86,15 @@ WHERE resource = %s AND epoch = %s
 RETURNING resource
 """
 
+# Our lease, held again by its row lock in the transaction that released it. SKIP LOCKED
+# passes over a row another transaction has locked (it is not ours to hold this way) but
+# not over a row our own transaction locked.
+_RELOCK = """
+SELECT resource, holder, epoch, expires_at FROM leases
+WHERE resource = %s AND epoch = %s AND holder = %s
+FOR UPDATE SKIP LOCKED
+"""
+
 _CURRENT = "SELECT resource, holder, epoch, expires_at FROM leases WHERE resource = %s"
 
 
@@ -117,6 +126,19 @@ def release(conn: psycopg.Connection[Any], lease: Lease) -> None:
     locked until the caller's transaction ends."""
     if conn.execute(_RELEASE, (lease.resource, lease.epoch)).fetchone() is None:
         raise fenced_out(f"lease on {lease.resource} at epoch {lease.epoch} was taken over")
+
+
+def relock(conn: psycopg.Connection[Any], lease: Lease) -> Lease | None:
+    """``lease`` held again, in the transaction that released it, by the row lock that
+    release took; None if another transaction holds the row or a newer epoch exists.
+
+    Why this is as good as a committed lease: a takeover must update the row, so it waits
+    for this transaction to end; and the epoch was committed when it was first acquired,
+    so it is still the newest one the target has been shown. The same epoch fences every
+    command run under it. A short transaction cannot renew the row meanwhile (it would
+    wait on this one), which is why the executor's sessions come here first.
+    """
+    return _lease(conn.execute(_RELOCK, (lease.resource, lease.epoch, lease.holder)).fetchone())
 
 
 def current(conn: psycopg.Connection[Any], resource: str) -> Lease | None:

@@ -19,14 +19,13 @@ from services.executor.targets import ActionTarget
 
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
-# One transaction per record (see services.executor.execution): a batch transaction would
-# keep one command's lease row locked while the next command's short transaction takes it.
+# Batched like every loop: a command for a resource whose lease an earlier record of the
+# batch released goes on under that lease's row lock (services.executor.execution).
 # A shorter Kafka session than the 45 s default: when an executor stops heartbeating
 # (paused, partitioned, dead) its partitions should move to a standby at about the pace
 # its leases expire (15 s TTL), not three times slower. The broker's minimum is 6 s.
 LOOP = {
     "follow_workflow": False,
-    "batch_transactions": False,
     "pipeline": False,  # so a frozen executor's transaction can be ended (Executor.bound_handler_transaction)
     "kafka": {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000},
 }

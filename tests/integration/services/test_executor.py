@@ -66,7 +66,9 @@ class FakeTarget:
     lower than the newest seen for the resource is refused before anything happens.
     Knobs: ``reject`` (keys refused as TargetRejected), ``unavailable`` (how many of the
     next calls fail as TargetUnavailable), ``crash_after_apply`` (raise SystemExit right
-    after an action took effect: the executor dies between acting and recording).
+    after an action took effect: the executor dies between acting and recording), ``broken``
+    (key → how many of its next calls raise RuntimeError after doing their work: a bug in
+    the executor's process, not the target's answer).
     """
 
     def __init__(self) -> None:
@@ -82,7 +84,13 @@ class FakeTarget:
         self.crash_after_apply = False
         self.delay = 0.0  # seconds every apply takes before it acts (a slow target)
         self.lost_answers = 0  # how many of the next applies act, then fail as TargetUnavailable
+        self.broken: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def _maybe_break(self, idempotency_key: str) -> None:
+        if self.broken.get(idempotency_key, 0) > 0:
+            self.broken[idempotency_key] -= 1
+            raise RuntimeError(f"fake target: a bug after {idempotency_key} was done")
 
     def service(self, resource: str) -> dict[str, Any]:
         return self.services.setdefault(
@@ -130,12 +138,15 @@ class FakeTarget:
             raise SystemExit(17)
         if lost:
             raise TargetUnavailable("fake target: the answer was lost (a timeout after the action)")
+        self._maybe_break(idempotency_key)
         return result
 
     def lookup(self, idempotency_key: str) -> ActionResult | None:
         with self._lock:
             self.lookups.append(idempotency_key)
-            return self.ledger.get(idempotency_key)
+            found = self.ledger.get(idempotency_key)
+        self._maybe_break(idempotency_key)
+        return found
 
     @staticmethod
     def _do(action: str, svc: dict[str, Any], params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -383,14 +394,20 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out(pool: C
         assert current is not None and (current.holder, current.epoch) == ("fresh", new.epoch)
 
 
-def test_a_holder_whose_lease_was_taken_over_cannot_record(pool: ConnectionPool[Any]) -> None:
+def begun_step(pool: ConnectionPool[Any], holder: str, ttl_seconds: float) -> tuple[Step, leases.Lease]:
+    """A scale step whose key is PENDING under a fresh lease of ``holder``'s, committed."""
     name = resource_name()
     step = as_step(commands.SCALE, command(commands.SCALE, name, f"it:{name}:scale:6", replicas=6))
     with pool.connection() as conn, conn.transaction():
-        old = leases.acquire(conn, step.resource, "paused", 0.2)
-        assert old is not None
-        begun = idempotency.begin(conn, step, old)
+        lease = leases.acquire(conn, step.resource, holder, ttl_seconds)
+        assert lease is not None
+        begun = idempotency.begin(conn, step, lease)
         assert isinstance(begun, Begun) and not begun.in_doubt
+    return step, lease
+
+
+def test_a_holder_whose_lease_was_taken_over_cannot_record(pool: ConnectionPool[Any]) -> None:
+    step, old = begun_step(pool, "paused", 0.2)
     time.sleep(0.3)
     with pool.connection() as conn, conn.transaction():
         new = leases.acquire(conn, step.resource, "fresh", 10)
@@ -407,6 +424,42 @@ def test_a_holder_whose_lease_was_taken_over_cannot_record(pool: ConnectionPool[
         idempotency.settle(conn, step.idempotency_key, new, state=State.APPLIED, result={})
     row = execution(pool, step.idempotency_key)
     assert row is not None and row.state is State.APPLIED and row.settled
+
+
+def test_a_released_lease_is_held_again_only_by_the_transaction_that_released_it(
+    pool: ConnectionPool[Any],
+) -> None:
+    """The batch path of the executor: a lease released in a handler transaction stays
+    ours while that transaction keeps its row locked, and no one else's meanwhile."""
+    resource = f"production/{resource_name()}"
+    with pool.connection() as conn, conn.transaction():
+        lease = leases.acquire(conn, resource, "batch", 10)
+    assert lease is not None
+    with pool.connection() as batch, batch.transaction():
+        leases.release(batch, lease)
+        relocked = leases.relock(batch, lease)
+        assert relocked is not None and (relocked.holder, relocked.epoch) == (lease.holder, lease.epoch)
+        with pool.connection() as other, other.transaction():
+            other.execute("SET LOCAL lock_timeout = '2s'")
+            assert leases.relock(other, lease) is None  # locked by the batch: skipped, no wait
+    # Committed and released: nobody holds the row; still our epoch, so ours to hold again.
+    with pool.connection() as conn, conn.transaction():
+        again = leases.relock(conn, lease)
+        assert again is not None and again.epoch == lease.epoch
+    with pool.connection() as conn, conn.transaction():
+        newer = leases.acquire(conn, resource, "someone-else", 10)
+    assert newer is not None and newer.epoch == lease.epoch + 1
+    with pool.connection() as conn, conn.transaction():
+        assert leases.relock(conn, lease) is None  # a newer epoch exists: ours is gone
+
+
+def test_an_in_doubt_key_is_restamped_under_its_own_epoch_only_by_its_holder(pool: ConnectionPool[Any]) -> None:
+    step, lease = begun_step(pool, "batch", 10)
+    with pool.connection() as conn, conn.transaction():
+        again = idempotency.begin(conn, step, lease)  # a retried record, same lease: in doubt
+        assert isinstance(again, Begun) and again.in_doubt and again.execution.attempts == 2
+    with pool.connection() as conn, pytest.raises(LeaseLost), conn.transaction():
+        idempotency.begin(conn, step, replace(lease, holder="impostor"))  # same epoch, not its holder
 
 
 # ------------------------------------------------------------------ idempotency
@@ -592,6 +645,75 @@ def test_a_scale_command_is_applied_once_with_the_current_epoch_and_reported(
     assert causation == (envelope.id,)
 
 
+def three_scales_in_one_batch(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+    *,
+    broken_second: int = 0,
+) -> list[str]:
+    """Three scale commands for one resource, waiting on one partition before the loop's
+    first poll (so they make one batch), drained; checks that each key acted once, in
+    order, all under the lease the resource has now, and returns the keys."""
+    name, incident = resource_name(), f"incident-{uuid.uuid4().hex[:8]}"
+    sent = [command(commands.SCALE, name, f"{incident}:scale:{n}", incident=incident, replicas=n) for n in (5, 6, 7)]
+    keys = [v["idempotencyKey"] for v in sent]
+    target.broken[keys[1]] = broken_second
+    for value in sent:
+        produce_command(stack, serde, topics[0], commands.SCALE, value)
+    with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 3)
+
+    assert [k for k, _ in target.applied] == keys  # each key acted on once, in order
+    assert target.service(f"production/{name}")["replicas"] == 7
+    reported = facts(stack, serde, incident)
+    assert [(t, v["idempotencyKey"]) for t, v in reported] == [("RecoveryExecuted", k) for k in keys]
+    lease = lease_of(pool, f"production/{name}")
+    assert lease is not None
+    assert {v["fencingEpoch"] for _, v in reported} == {lease.epoch}  # one lease, held on through the batch
+    for key in keys:
+        row = execution(pool, key)
+        assert row is not None and row.state is State.APPLIED
+    with pool.connection() as conn:
+        released = conn.execute("SELECT expires_at <= now() FROM leases WHERE resource = %s", (lease.resource,))
+        assert released.fetchone() == (True,)  # let go when the batch committed
+    return keys
+
+
+def test_commands_for_one_resource_in_one_batch_run_under_its_lease_one_after_another(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """A batch releases each command's lease in its own transaction, so the row stays locked
+    until the batch commits; the next command for the resource goes on under that lock (a
+    short transaction would wait on its own batch until lock_timeout)."""
+    three_scales_in_one_batch(stack, serde, settings, pool, target, topics)
+    assert target.lookups == []
+
+
+def test_a_batch_that_fails_midway_reruns_record_by_record_and_acts_once_per_key(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    pool: ConnectionPool[Any],
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """The second command's process breaks after the target acted, twice (the apply, then
+    the rerun's first lookup): the batch rolls back and runs again with a savepoint per
+    record. Every key that may have acted is looked up before it is called again, the
+    retried record under the lease the first record released in the same transaction."""
+    keys = three_scales_in_one_batch(stack, serde, settings, pool, target, topics, broken_second=2)
+    assert target.lookups == [keys[0], keys[1], keys[1]]
+
+
 def test_a_crash_right_after_the_target_acted_leads_to_exactly_one_action(
     stack: StackSettings,
     serde: AvroSerde,
@@ -682,7 +804,8 @@ def test_a_failed_second_step_compensates_the_first(
     assert (failed["errorClass"], failed["retryable"]) == ("TargetRejected", False)
     assert str(undone["compensates"]) == first["commandId"]
     assert undone["idempotencyKey"] == first["idempotencyKey"] + ":compensate"
-    assert undone["fencingEpoch"] > reported[0][1]["fencingEpoch"]
+    # under the lease step 1 ran under (its batch holds the row on) or a newer one, never an older
+    assert undone["fencingEpoch"] >= reported[0][1]["fencingEpoch"]
     assert [str(c) for c in completed["compensatedCommandIds"]] == [first["commandId"]]
     assert str(completed["causeEventId"]) == str(failed["eventId"])
     assert refused["errorClass"] == "ProposalAborted"
