@@ -155,6 +155,10 @@ def main() -> None:
     args = parser.parse_args()
     settings = load_settings()
     serde = AvroSerde(registry_client(settings.schema_registry_url))
+    try:
+        http("GET", f"{url(SIM)}/healthz")
+    except OSError as exc:  # URLError is one
+        raise SystemExit(f"the fleet is not answering ({url(SIM)}: {exc}); start it with `make fleet-up`") from None
 
     runs = [one_incident(settings, serde) for _ in range(args.incidents)]
     http("POST", f"{url(SIM)}/reset", {})
