@@ -178,7 +178,7 @@ class Executor:
         self.target = target
         self.config = config
         self.sleep = sleep
-        self._transaction: HandlerTransaction | None = None
+        self._open = threading.local()  # .transaction: the handler transaction open on this thread
 
     def session(self, transaction: HandlerTransaction | None = None) -> Session:
         """A fresh session for one handler run, sharing ``transaction`` with the other
@@ -195,7 +195,8 @@ class Executor:
         than a lease lives: by the time the lease can be taken over, its locks are gone too.
 
         Returns the transaction as the sessions of its records share it: the same object for
-        every record of one transaction (one loop thread runs them), a new one for the next.
+        every record of one transaction (a loop thread runs them one after another), a new one
+        for the next.
         """
         timeout_ms = max(1000, int(self.config.lease_ttl_seconds * 1000))
         row = conn.execute(
@@ -203,9 +204,10 @@ class Executor:
             (str(timeout_ms),),
         ).fetchone()
         assert row is not None
-        if self._transaction is None or self._transaction.xid != row[1]:
-            self._transaction = HandlerTransaction(xid=row[1])
-        return self._transaction
+        transaction: HandlerTransaction | None = getattr(self._open, "transaction", None)
+        if transaction is None or transaction.xid != row[1]:
+            transaction = self._open.transaction = HandlerTransaction(xid=row[1])
+        return transaction
 
     @contextmanager
     def short_transaction(self) -> Iterator[psycopg.Connection[Any]]:

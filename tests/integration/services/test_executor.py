@@ -453,6 +453,30 @@ def test_a_released_lease_is_held_again_only_by_the_transaction_that_released_it
         assert leases.relock(conn, lease) is None  # a newer epoch exists: ours is gone
 
 
+def test_the_records_of_one_handler_transaction_share_it_and_no_other_does(
+    pool: ConnectionPool[Any], target: FakeTarget, settings: ExecutorSettings
+) -> None:
+    x = executor(pool, target, settings)
+    with pool.connection() as conn, conn.transaction():
+        first = x.bound_handler_transaction(conn)
+        assert x.bound_handler_transaction(conn) is first
+        with conn.transaction():  # a record's savepoint: still the same transaction
+            assert x.bound_handler_transaction(conn) is first
+        seen_elsewhere: list[Any] = []
+
+        def on_another_thread() -> None:
+            with pool.connection() as other, other.transaction():
+                seen_elsewhere.append(x.bound_handler_transaction(other))
+
+        thread = threading.Thread(target=on_another_thread)
+        thread.start()
+        thread.join()
+        assert seen_elsewhere[0] is not first and seen_elsewhere[0].xid != first.xid
+        assert x.bound_handler_transaction(conn) is first  # the other thread did not take its place
+    with pool.connection() as conn, conn.transaction():
+        assert x.bound_handler_transaction(conn) is not first
+
+
 def test_an_in_doubt_key_is_restamped_under_its_own_epoch_only_by_its_holder(pool: ConnectionPool[Any]) -> None:
     step, lease = begun_step(pool, "batch", 10)
     with pool.connection() as conn, conn.transaction():
