@@ -498,8 +498,9 @@ class ConsumerLoop:
         """The records this loop reads; the others are counted as consumed and skipped, by
         their ce_type header alone (no decoding, no signature check, no claim: nothing in
         this service acts on them, so nothing of them needs to be believed). Only a type
-        some contract names is ever skipped: a record without a ce_type, or with one no
-        contract names, is garbage on the topic and is read, to be dead-lettered."""
+        some contract names is ever skipped: a record without a ce_type, with several (a
+        repeated attribute: :func:`flotilla.envelope.header_value`), or with one no contract
+        names, is garbage on the topic and is read, to be dead-lettered."""
         needs = self.config.needs
         if needs is None:
             return msgs

@@ -35,6 +35,41 @@ def header_pairs(headers: RawHeaders) -> Iterator[tuple[str, bytes | None]]:
         yield key, value.encode() if isinstance(value, str) else value
 
 
+# The CloudEvents attributes travel as headers with this prefix. Kafka lets a header name
+# repeat, and clients disagree on which copy counts (the first, the last): a record with a
+# repeated attribute has no one envelope, so every reader refuses it the same way
+# (:func:`header_value`, :meth:`Envelope.from_headers`) instead of each picking a copy.
+ATTRIBUTE_PREFIX = "ce_"
+
+
+def repeated_attributes(headers: RawHeaders) -> list[str]:
+    """The ``ce_*`` header names that occur more than once, in order of first repeat."""
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for name, _ in header_pairs(headers):
+        if not name.startswith(ATTRIBUTE_PREFIX):
+            continue
+        if name in seen and name not in repeated:
+            repeated.append(name)
+        seen.add(name)
+    return repeated
+
+
+def header_value(headers: RawHeaders, name: str) -> bytes | None:
+    """The value of header ``name``: None when absent, and for a CloudEvents attribute
+    (``ce_*``) also when it repeats (no copy is believed); any other header's first value."""
+    found: bytes | None = None
+    count = 0
+    for key, value in header_pairs(headers):
+        if key != name:
+            continue
+        if not name.startswith(ATTRIBUTE_PREFIX):
+            return value
+        count += 1
+        found = value
+    return found if count == 1 else None
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -107,7 +142,10 @@ class Envelope:
 
     @classmethod
     def from_headers(cls, headers: RawHeaders) -> Envelope:
-        """Read the attributes back; raises ValueError naming a missing or bad header."""
+        """Read the attributes back; raises ValueError naming a missing, bad or repeated header."""
+        repeated = repeated_attributes(headers)
+        if repeated:
+            raise ValueError("repeated CloudEvents header(s): " + ", ".join(repeated))
         found: dict[str, str] = {}
         for key, raw in header_pairs(headers):
             if key.startswith("ce_") and raw is not None:

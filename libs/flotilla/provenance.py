@@ -34,7 +34,7 @@ from typing import Any
 from flotilla import fleet, metrics
 from flotilla.authority import Refusal, Signer, Unauthorized, verify_signature
 from flotilla.commands import COMMANDS_TOPIC
-from flotilla.envelope import Envelope, RawHeaders, header_pairs
+from flotilla.envelope import Envelope, RawHeaders, header_value
 from flotilla.keys import Keyring
 from flotilla.records import (
     BY_TYPE,
@@ -150,12 +150,10 @@ def sign_fact(signer: Signer, envelope: Envelope, payload: bytes) -> str:
 
 
 def signature_header(headers: RawHeaders) -> str | None:
-    """The ``ce_signature`` a record carries (the last one, as Kafka clients read a header)."""
-    found = None
-    for name, raw in header_pairs(headers):
-        if name == SIGNATURE_HEADER and raw is not None:
-            found = raw.decode("ascii", errors="replace")
-    return found
+    """The ``ce_signature`` a record carries; None when it carries none or several (a
+    repeated attribute is believed by no reader: :func:`flotilla.envelope.header_value`)."""
+    raw = header_value(headers, SIGNATURE_HEADER)
+    return None if raw is None else raw.decode("ascii", errors="replace")
 
 
 @dataclass(frozen=True)

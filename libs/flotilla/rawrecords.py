@@ -21,7 +21,8 @@ def headers_of(raw: RawHeaders) -> list[tuple[str, bytes | None]]:
 
 
 def first_header(headers: RawHeaders, name: str) -> str | None:
-    """The first value of header ``name`` as text (Kafka headers may repeat)."""
+    """The value of header ``name`` as text: the first of a repeated header, but None for a
+    repeated ``ce_*`` attribute, which no reader believes (:func:`flotilla.tailing.header`)."""
     value = header(headers, name)
     return None if value is None else clean_text(value)
 

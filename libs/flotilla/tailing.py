@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from confluent_kafka import Consumer, TopicPartition
 
-from flotilla.envelope import RawHeaders, header_pairs
+from flotilla.envelope import RawHeaders, header_value
 from flotilla.settings import KafkaTarget, kafka_connection
 
 
@@ -39,8 +39,6 @@ def tail_consumer(bootstrap: KafkaTarget, topic: str | Sequence[str], **config: 
 
 
 def header(headers: RawHeaders, name: str) -> bytes | None:
-    """The first value of header ``name`` (Kafka headers are a list and may repeat)."""
-    for key, value in header_pairs(headers):
-        if key == name:
-            return value
-    return None
+    """The value of header ``name``; None when absent or when a ``ce_*`` header repeats
+    (Kafka headers are a list: :func:`flotilla.envelope.header_value` decides for everyone)."""
+    return header_value(headers, name)
