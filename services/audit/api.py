@@ -26,13 +26,20 @@ from services.audit.chain import (
     sort_anchors,
 )
 from services.audit.sharedrun import Busy, SharedRun
-from services.audit.timeline import TimelineRow, event_time, is_dead_letter_topic, summary, timeline
+from services.audit.timeline import (
+    TimelineRow,
+    event_time,
+    is_dead_letter_topic,
+    summary,
+    timeline,
+    unverified_summary,
+)
 
 CHAIN_OK = Gauge("flotilla_audit_chain_ok", "1 when the last /verify found the chain intact, 0 when broken.")
 
 _COLUMNS = """seq, topic, partition, "offset", record_key, kafka_timestamp_ms, headers, ce_id, ce_type, ce_source,
     ce_time, ce_correlationid, ce_causationid, record_type, record_value, value_json, decode_error, recorded_at,
-    prev_hash, entry_hash, signature, key_id"""
+    prev_hash, entry_hash, signature, key_id, verified_by, unverified"""
 
 
 # A timeline is served in pages of log order (an incident's records are whatever anyone
@@ -40,7 +47,8 @@ _COLUMNS = """seq, topic, partition, "offset", record_key, kafka_timestamp_ms, h
 TIMELINE_PAGE = 500
 MAX_TIMELINE_PAGE = 5000
 _TIMELINE_COLUMNS = """seq, topic, partition, "offset", ce_id, ce_type, ce_source, ce_causationid, ce_time,
-    kafka_timestamp_ms, recorded_at, record_type, value_json, record_value, decode_error, headers"""
+    kafka_timestamp_ms, recorded_at, record_type, value_json, record_value, decode_error, headers, verified_by,
+    unverified"""
 
 
 def _timeline_row(r: dict[str, Any]) -> TimelineRow:
@@ -54,11 +62,14 @@ def _timeline_row(r: dict[str, Any]) -> TimelineRow:
         ce_source=r["ce_source"],
         ce_causationid=r["ce_causationid"],
         record_type=r["record_type"],
-        at=event_time(r["ce_time"], r["kafka_timestamp_ms"], r["recorded_at"]),
+        at=event_time(r["kafka_timestamp_ms"], r["recorded_at"]),
         value_json=r["value_json"],
         value=None if r["record_value"] is None else bytes(r["record_value"]),
         decode_error=r["decode_error"],
         headers=r["headers"],
+        ce_time=r["ce_time"],
+        verified_by=r["verified_by"],
+        unverified=r["unverified"],
     )
 
 
@@ -66,7 +77,9 @@ def _sealed(row: tuple[Any, ...]) -> Sealed:
     (seq, topic, partition, offset, key, ts, headers, ce_id, ce_type, ce_source, ce_time, corr, cause, record_type) = (
         row[:14]
     )
-    value, value_json, decode_error, recorded_at, prev_hash, entry_hash, signature, key_id = row[14:]
+    value, value_json, decode_error, recorded_at, prev_hash, entry_hash, signature, key_id, verified_by, unverified = (
+        row[14:]
+    )
     recorded: datetime = recorded_at
     entry = Entry(
         seq=int(seq),
@@ -87,6 +100,8 @@ def _sealed(row: tuple[Any, ...]) -> Sealed:
         value_json=value_json,
         decode_error=decode_error,
         recorded_at=recorded,
+        verified_by=verified_by,
+        unverified=unverified,
     )
     return Sealed(entry, bytes(prev_hash), bytes(entry_hash), bytes(signature), key_id)
 
@@ -146,6 +161,7 @@ def make_routes(
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
         @app.get("/incidents")
         def incidents(limit: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
+            """Incidents with at least one verified record, latest (Kafka time) first."""
             with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 rows = cur.execute(
                     "SELECT incident_id, status, first_at, last_at, entries FROM audit_incidents "
@@ -161,7 +177,9 @@ def make_routes(
             after: int = Query(0, ge=0),
         ) -> dict[str, Any]:
             """One page of the incident's records: those after log position ``after``, at most
-            ``limit``; ``page.nextAfter`` is the ``after`` of the next page (None: the last)."""
+            ``limit``; ``page.nextAfter`` is the ``after`` of the next page (None: the last).
+            Every record is listed, each marked ``verified`` or why not; the status, times and
+            count are its verified records' (null when only unverified records name it)."""
             with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 head = cur.execute(
                     "SELECT incident_id, status, first_at, last_at, entries FROM audit_incidents "
@@ -177,7 +195,7 @@ def make_routes(
                 ).fetchall()
                 more = len(rows) > limit
                 rows = rows[:limit]
-                if head is None or (not rows and after == 0):
+                if not rows and (head is None or after == 0):
                     raise HTTPException(404, {"error": f"no audited records for incident {incident_id}"})
                 entries = [_timeline_row(r) for r in rows]
                 # Causes on another page: one row per id (the original before its dead letters,
@@ -193,9 +211,10 @@ def make_routes(
                         "ORDER BY ce_id, topic LIKE '%%.dlq', seq",
                         (incident_id, wanted),
                     ).fetchall()
+            start = None if head is None else head["first_at"]
             return {
-                **summary(head),
-                "timeline": timeline(entries, start=head["first_at"], causes=[_timeline_row(r) for r in causes]),
+                **(summary(head) if head is not None else unverified_summary(incident_id)),
+                "timeline": timeline(entries, start=start, causes=[_timeline_row(r) for r in causes]),
                 "page": {"after": after, "limit": limit, "nextAfter": entries[-1].seq if more else None},
             }
 

@@ -52,6 +52,16 @@ class Entry:
     value_json: str | None  # the decoded value (canonical JSON), when it decoded
     decode_error: str | None
     recorded_at: datetime
+    # The producer's signature, checked as every fleet consumer checks it
+    # (flotilla.provenance): the member that signed, or why the record is not believed.
+    # Both None only for entries recorded before the audit checked signatures.
+    verified_by: str | None = None
+    unverified: str | None = None
+
+
+# Entry fields added after entries were first sealed: left out of the canonical form while
+# None, so the entries sealed before them keep their hashes (a later entry always has one).
+_LATER_FIELDS = ("verified_by", "unverified")
 
 
 def _encode(value: object) -> object:
@@ -66,7 +76,9 @@ def _encode(value: object) -> object:
 
 def canonical(entry: Entry) -> bytes:
     """The one byte string an entry hashes to, whatever order or client read it."""
-    doc = {name: _encode(value) for name, value in asdict(entry).items()}
+    doc = {
+        name: _encode(value) for name, value in asdict(entry).items() if not (value is None and name in _LATER_FIELDS)
+    }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 

@@ -31,6 +31,11 @@ CREATE INDEX IF NOT EXISTS audit_log_correlation_idx ON audit_log (ce_correlatio
 -- names that entry. Derived from the log, so outside the sealed content; set on insert only.
 ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS redelivery_of bigint;
 CREATE INDEX IF NOT EXISTS audit_log_event_idx ON audit_log (topic, ce_id);
+-- Whether the record's producer signed it (flotilla.provenance, checked as every fleet
+-- consumer checks it when the record is recorded): the member that signed, or why it is not
+-- believed. Sealed with the entry. Both NULL: recorded before the audit checked signatures.
+ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS verified_by text;
+ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS unverified text;
 
 CREATE OR REPLACE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -68,4 +73,6 @@ CREATE TABLE IF NOT EXISTS audit_incidents (
     first_seq   bigint      NOT NULL,
     last_seq    bigint      NOT NULL
 );
+-- Folded from verified records only (status through the workflow, first/last from the Kafka
+-- record timestamp); an incident only forged records name has no row here.
 CREATE INDEX IF NOT EXISTS audit_incidents_last_at_idx ON audit_incidents (last_at DESC);

@@ -17,6 +17,13 @@ A value is decoded through the registry when it can be; when it cannot (poison, 
 bytes, a schema id of the wrong kind) the entry keeps the raw bytes and says why, so no
 record can stop the audit. Decoding failures caused by the registry being unreachable
 are *not* recorded as undecodable: they fail the batch, which is retried.
+
+Each record's producer signature is checked as every fleet consumer checks it
+(:class:`flotilla.provenance.Provenance`, over the envelope :meth:`flotilla.Envelope.from_headers`
+reads: a repeated ``ce_*`` header is no envelope) and the verdict is sealed with the entry: the
+member that signed it, or why it is not believed. Anyone who can write a topic can write a
+record; only verified records move the incident projection (status, times, count), so what
+people are shown of an incident is what its producers signed.
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ from confluent_kafka import Message
 from prometheus_client import Counter
 
 from flotilla import AfterCommit, AvroSerde, RegistryUnavailableError, Status
+from flotilla.authority import Unauthorized
+from flotilla.envelope import Envelope, RawHeaders
+from flotilla.provenance import Provenance, signature_header
 from flotilla.rawrecords import first_header, headers_of, jsonable
 from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
-from services.audit.timeline import event_time, next_status
+from services.audit.timeline import event_time, folds, next_status
 
 APPENDED = Counter("flotilla_audit_entries_total", "Records appended to the audit chain.", ["topic"])
 REDELIVERED = Counter(
@@ -45,8 +55,8 @@ REDELIVERED = Counter(
 _INSERT = """
 INSERT INTO audit_log (seq, topic, partition, "offset", record_key, kafka_timestamp_ms, headers, ce_id, ce_type,
     ce_source, ce_time, ce_correlationid, ce_causationid, record_type, record_value, value_json, decode_error,
-    recorded_at, prev_hash, entry_hash, signature, key_id, redelivery_of)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    recorded_at, prev_hash, entry_hash, signature, key_id, redelivery_of, verified_by, unverified)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 _UPSERT_INCIDENT = """
@@ -65,10 +75,29 @@ def canonical_json(value: Any) -> str:
 class Recorder:
     """The raw loop's batch handler: records → sealed entries → the log."""
 
-    def __init__(self, serde: AvroSerde, signer: Signer, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        serde: AvroSerde,
+        signer: Signer,
+        provenance: Provenance,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self._serde = serde
         self._signer = signer
+        self._provenance = provenance
         self._clock = clock or (lambda: datetime.now(UTC))
+
+    def verdict(self, headers: RawHeaders, value: bytes | None) -> tuple[str | None, str | None]:
+        """(the member that signed the record, None) or (None, why it is not believed)."""
+        try:
+            envelope = Envelope.from_headers(headers)
+        except ValueError as exc:
+            return None, f"no envelope: {exc}"[:2000]
+        try:
+            verified = self._provenance.verify(envelope, value or b"", signature_header(headers))
+        except Unauthorized as exc:
+            return None, f"{exc.refusal.value}: {exc}"[:2000]
+        return verified.producer, None
 
     def entry(self, msg: Message, seq: int, recorded_at: datetime) -> Entry:
         headers = headers_of(msg.headers())
@@ -94,6 +123,7 @@ class Recorder:
                 if ce_type is not None and ce_type != record_type:
                     decode_error = f"the value is a {record_type} but ce_type says {ce_type}"
         kind, ts = msg.timestamp()
+        verified_by, unverified = self.verdict(headers, value)
         return Entry(
             seq=seq,
             topic=msg.topic() or "",
@@ -113,6 +143,8 @@ class Recorder:
             value_json=value_json,
             decode_error=decode_error,
             recorded_at=recorded_at,
+            verified_by=verified_by,
+            unverified=unverified,
         )
 
     def __call__(self, conn: psycopg.Connection[Any], msgs: list[Message]) -> AfterCommit:
@@ -221,12 +253,28 @@ def _row(item: Sealed, redelivery_of: int | None = None) -> tuple[Any, ...]:
         item.signature,
         item.key_id,
         redelivery_of,
+        e.verified_by,
+        e.unverified,
     )
 
 
 def _project(conn: psycopg.Connection[Any], sealed: Sequence[Sealed]) -> None:
-    """Fold the new entries into the per-incident projection (status, first/last time)."""
-    incidents = sorted({s.entry.ce_correlationid for s in sealed if s.entry.ce_correlationid})
+    """Fold the new verified entries into the per-incident projection (status, first/last
+    time, count). An event counts once: a verified record whose (topic, event id) an earlier
+    verified entry already has (a copy re-sent with other unsigned headers) is left out."""
+    folded = [
+        s
+        for s in sealed
+        if s.entry.ce_correlationid
+        and folds(
+            topic=s.entry.topic,
+            record_type=s.entry.record_type,
+            decode_error=s.entry.decode_error,
+            verified_by=s.entry.verified_by,
+        )
+    ]
+    folded = _first_of_each_event(conn, folded)
+    incidents = sorted({s.entry.ce_correlationid for s in folded if s.entry.ce_correlationid})
     if not incidents:
         return
     rows = conn.execute(
@@ -235,11 +283,10 @@ def _project(conn: psycopg.Connection[Any], sealed: Sequence[Sealed]) -> None:
         (incidents,),
     ).fetchall()
     known: dict[str, list[Any]] = {str(r[0]): [Status(r[1]), *r[2:]] for r in rows}
-    for item in sealed:
+    for item in folded:
         e = item.entry
-        if not e.ce_correlationid:
-            continue
-        at = event_time(e.ce_time, e.kafka_timestamp_ms, e.recorded_at)
+        assert e.ce_correlationid is not None
+        at = event_time(e.kafka_timestamp_ms, e.recorded_at)
         current = known.get(e.ce_correlationid)
         if current is None:
             known[e.ce_correlationid] = [next_status(Status.NEW, e.record_type, e.topic), at, at, 1, e.seq, e.seq]
@@ -258,3 +305,19 @@ def _project(conn: psycopg.Connection[Any], sealed: Sequence[Sealed]) -> None:
             _UPSERT_INCIDENT,
             [(incident, v[0].value, *v[1:]) for incident, v in sorted(known.items()) if incident in incidents],
         )
+
+
+def _first_of_each_event(conn: psycopg.Connection[Any], folded: Sequence[Sealed]) -> list[Sealed]:
+    """``folded`` without the entries whose (topic, event id) a verified entry of lower seq
+    has (in the log or earlier in the batch: the batch is already inserted); one indexed read."""
+    if not folded:
+        return []
+    first: dict[tuple[str, str | None], int] = {}
+    for topic, ce_id, seq in conn.execute(
+        "SELECT topic, ce_id, min(seq) FROM audit_log WHERE (topic, ce_id) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[])) AND verified_by IS NOT NULL "
+        "AND record_type IS NOT NULL AND decode_error IS NULL GROUP BY topic, ce_id",
+        ([s.entry.topic for s in folded], [s.entry.ce_id for s in folded]),
+    ).fetchall():
+        first[(str(topic), ce_id)] = int(seq)
+    return [s for s in folded if first.get((s.entry.topic, s.entry.ce_id), s.entry.seq) == s.entry.seq]

@@ -9,7 +9,9 @@ be audited; (b) dedupes by event id, so a re-queued record — which keeps its o
 an operator sanitized (changed) the value; and (c) reacts to records whose hop budget is
 spent by emitting LoopTerminated, which a service that publishes nothing must not do.
 So the audit runs one raw loop (consumer group ``audit``) over all four topics, decodes
-best-effort itself, and records every record exactly once by its coordinates; the spec
+best-effort itself, checks each record's producer signature as the fleet's loops do
+(``FLOTILLA_PRODUCER_KEYS``; a record that fails is recorded, marked, and moves nothing),
+and records every record exactly once by its coordinates; the spec
 declares no decoding-loop topics (``topics=()``) and follows no workflow. Its batches
 commit to the database before their offsets, like the runtime's.
 
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from flotilla import RawLoop, ServiceContext, ServiceSpec
+from flotilla import RawLoop, ServiceContext, ServiceSpec, fact_provenance
+from flotilla.provenance import Provenance
 from services.audit.anchors import ANCHOR_MIGRATION, publisher, read_anchors
 from services.audit.api import make_routes
 from services.audit.chain import Anchor, Signer
@@ -35,19 +38,26 @@ from services.audit.settings import AuditSettings
 MIGRATIONS = (Path(__file__).with_name("migrations.sql").read_text(),)
 
 
-def raw_loop(ctx: ServiceContext, settings: AuditSettings, signer: Signer, group: str | None = None) -> RawLoop:
+def raw_loop(
+    ctx: ServiceContext,
+    settings: AuditSettings,
+    signer: Signer,
+    group: str | None = None,
+    producers: Provenance | None = None,
+) -> RawLoop:
+    """The audit's loop; ``producers`` defaults to the settings' producer keys (fail closed)."""
     return RawLoop(
         group=group or ctx.spec.name,
         topics=settings.audit_topics,
         bootstrap=settings.kafka_client(),
         pool=ctx.pool,
-        handle=Recorder(ctx.serde, signer),
+        handle=Recorder(ctx.serde, signer, producers or fact_provenance(settings)),
     )
 
 
-def _consumer(settings: AuditSettings, signer: Signer) -> Callable[[ServiceContext], None]:
+def _consumer(settings: AuditSettings, signer: Signer, producers: Provenance) -> Callable[[ServiceContext], None]:
     def record_every_topic(ctx: ServiceContext) -> None:
-        raw_loop(ctx, settings, signer).run(ctx.stopping)  # returns when the service stops
+        raw_loop(ctx, settings, signer, producers=producers).run(ctx.stopping)  # returns when the service stops
 
     return record_every_topic
 
@@ -56,6 +66,7 @@ def build_spec(settings: AuditSettings | None = None, signer: Signer | None = No
     settings = settings or AuditSettings.load()
     signer = signer or settings.signer()
     trusted = settings.trusted_keys(signer)
+    producers = fact_provenance(settings)  # checked at build time: no producer keys, no audit
     topic = settings.audit_anchors_topic
 
     def read(ctx: ServiceContext) -> Callable[[], list[Anchor]]:
@@ -69,7 +80,10 @@ def build_spec(settings: AuditSettings | None = None, signer: Signer | None = No
         database=settings.service_database,
         topics=(),  # every audited topic is read raw, by the periodic task
         migrations=(*MIGRATIONS, ANCHOR_MIGRATION),
-        periodic=((0.1, _consumer(settings, signer)), (settings.audit_anchor_seconds, publisher(signer, topic))),
+        periodic=(
+            (0.1, _consumer(settings, signer, producers)),
+            (settings.audit_anchor_seconds, publisher(signer, topic)),
+        ),
         routes=routes,
         publishes=True,  # its anchors, and nothing else (emits)
         emits=(topic,),

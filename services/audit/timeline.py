@@ -1,8 +1,15 @@
 """Incident views derived from the log: status, event times, timelines. Pure functions.
 
 An incident's status is the incident workflow (:mod:`flotilla.workflow`) folded over its
-records in log order, skipping what the workflow would not accept (duplicates, stale
-records) and dead letters, exactly as a consumer following the workflow would see it.
+*verified* records in log order (signed by their producer, checked as every fleet consumer
+checks them), skipping what the workflow would not accept (duplicates, stale records) and
+dead letters, exactly as a consumer following the workflow would see it. A record nobody
+signed is in the log and in the timeline, marked, and moves nothing.
+
+Times are the Kafka record timestamps, never ``ce_time``: that header is outside the
+producer's signature, so anyone could date a record into 2099 and keep it at the top of
+every list. A timestamp later than the moment the audit recorded the record is cut to that
+moment (no record is from the future).
 """
 
 from __future__ import annotations
@@ -31,18 +38,23 @@ def next_status(status: Status, record_type: str | None, topic: str) -> Status:
     return transition(state, record_type, event_id="-", at=datetime.now(UTC)).status
 
 
-def event_time(ce_time: str | None, kafka_timestamp_ms: int | None, recorded_at: datetime) -> datetime:
-    """When the record's fact happened: its ce_time, else its Kafka timestamp, else when
-    the audit recorded it."""
-    if ce_time:
-        try:
-            parsed = datetime.fromisoformat(ce_time)
-            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-        except ValueError:
-            pass
+def event_time(kafka_timestamp_ms: int | None, recorded_at: datetime) -> datetime:
+    """When the record was written: its Kafka timestamp, no later than when the audit
+    recorded it; that moment when it has none."""
     if kafka_timestamp_ms is not None and kafka_timestamp_ms > 0:
-        return datetime.fromtimestamp(kafka_timestamp_ms / 1000, tz=UTC)
+        return min(datetime.fromtimestamp(kafka_timestamp_ms / 1000, tz=UTC), recorded_at)
     return recorded_at
+
+
+NOT_CHECKED = "recorded before the audit checked producer signatures"
+
+
+def folds(*, topic: str, record_type: str | None, decode_error: str | None, verified_by: str | None) -> bool:
+    """Whether a record may move its incident's status and times: decoded, signed by its
+    producer, and not a dead letter (a dead letter repeats a record, it states nothing)."""
+    return (
+        verified_by is not None and record_type is not None and decode_error is None and not is_dead_letter_topic(topic)
+    )
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,9 @@ class TimelineRow:
     value: bytes | None
     decode_error: str | None
     headers: str
+    ce_time: str | None = None  # as claimed: outside the signature, shown, never ordered by
+    verified_by: str | None = None
+    unverified: str | None = None
 
 
 def _iso(at: datetime) -> str:
@@ -105,6 +120,11 @@ def timeline(
             "eventId": row.ce_id,
             "source": row.ce_source,
             "time": _iso(row.at),
+            "claimedTime": row.ce_time,
+            # Signed by its producer (who), or why not: an unverified record states nothing.
+            "verified": row.verified_by is not None,
+            "verifiedBy": row.verified_by,
+            "unverified": None if row.verified_by is not None else (row.unverified or NOT_CHECKED),
             "elapsedMs": int((row.at - start).total_seconds() * 1000),
             "causationId": row.ce_causationid,
             "causedBy": None
@@ -123,6 +143,7 @@ def timeline(
 
 
 def summary(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An incident as its verified records make it (``entries`` counts those)."""
     return {
         "incidentId": row["incident_id"],
         "status": row["status"],
@@ -130,3 +151,8 @@ def summary(row: Mapping[str, Any]) -> dict[str, Any]:
         "lastAt": _iso(row["last_at"]),
         "entries": row["entries"],
     }
+
+
+def unverified_summary(incident_id: str) -> dict[str, Any]:
+    """An incident only unverified records name: no status, no times, no verified entries."""
+    return {"incidentId": incident_id, "status": None, "firstAt": None, "lastAt": None, "entries": 0}

@@ -50,19 +50,22 @@ def _chain(signer: Signer) -> list[Sealed]:
             partition=0,
             offset=seq,
             key=None,
-            kafka_timestamp_ms=None,
+            # times are Kafka's (ce_time is outside the producer's signature)
+            kafka_timestamp_ms=int((T0 + timedelta(milliseconds=1 if seq == 3 else 10 * seq)).timestamp() * 1000),
             headers="[]",
             ce_id=f"e{seq - 1}" if dead else f"e{seq}",
             ce_type="dev.flotilla.incidents.X",
             ce_source="/flotilla/test",
-            ce_time=(T0 + timedelta(milliseconds=1 if seq == 3 else 10 * seq)).isoformat(),
+            ce_time="2099-01-01T00:00:00Z",
             ce_correlationid=INCIDENT,
             ce_causationid=cause,
             record_type="dev.flotilla.incidents.X",
             value=b"v",
             value_json=f'{{"n":{seq}}}',
             decode_error=None,
-            recorded_at=T0,
+            recorded_at=T0 + timedelta(seconds=1),
+            verified_by=None if dead else "test",  # the producer's signature held
+            unverified="wrong-producer: a dead letter's copy" if dead else None,
         )
         item = seal(previous, entry, signer)
         sealed.append(item)
@@ -108,7 +111,8 @@ def test_the_timeline_comes_in_pages_that_add_up_to_the_whole(audit_api: tuple[T
     client, _ = audit_api
     whole = _timeline(client)
     assert whole["page"] == {"after": 0, "limit": 500, "nextAfter": None}
-    assert len(whole["timeline"]) == RECORDS and whole["entries"] == RECORDS
+    # every record is listed; the incident counts its verified records (not the dead letters)
+    assert len(whole["timeline"]) == RECORDS and whole["entries"] == RECORDS - RECORDS // 5
     expected = {e["seq"]: (e["elapsedMs"], e["causedBy"]) for e in whole["timeline"]}
     assert expected[3][0] == 0 and expected[1][0] == 9  # times count from the incident's first record
     assert expected[8][1]["seq"] == 4  # the original, not its dead letter at 5

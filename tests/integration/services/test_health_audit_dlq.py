@@ -670,7 +670,8 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
     ctx, settings, signer = audit
     incident = f"incident-audit-{RUN}"
     value, latency = latency_fact(incident)
-    diagnosis = latency.caused(DIAGNOSIS_REQUESTED, "/it/health")
+    diagnosis = latency.caused(DIAGNOSIS_REQUESTED, "/flotilla/health-agent")
+    latency_payload = serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, value)
     poison_env = diagnosis.caused(DECISION + "DependencyFailureSuspected", "/flotilla/diagnostic-agent")
     dead_context = [
         (deadletter.ORIGIN_TOPIC, AUDITED.encode()),
@@ -681,9 +682,9 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
         stack,
         AUDITED,
         [
-            (incident, serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, value), latency.headers()),
+            (incident, latency_payload, signed_headers(latency, latency_payload)),
             record(serde, AUDITED, diagnosis, triggerEventId=latency.id),
-            (incident, b"\x00\x00\x00\x00not avro", poison_env.headers()),  # poison on the topic itself
+            (incident, b"\x00\x00\x00\x00not avro", poison_env.headers()),  # poison on the topic itself: unsigned
         ],
     )
     produce(stack, f"{AUDITED}.dlq", [(incident, b"\xde\xad\xbe\xef", [*poison_env.headers(), *dead_context])])
@@ -716,7 +717,7 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
 
     listing = client.get("/incidents").json()["incidents"]
     (mine,) = [i for i in listing if i["incidentId"] == incident]
-    assert mine["status"] == "DIAGNOSING" and mine["entries"] == 4
+    assert mine["status"] == "DIAGNOSING" and mine["entries"] == 2  # the two signed records
     assert mine["firstAt"] <= mine["lastAt"]
 
     timeline = client.get(f"/incidents/{incident}/timeline").json()["timeline"]
@@ -726,6 +727,8 @@ def test_audit_appends_every_record_to_a_verifiable_chain_and_detects_tampering(
     assert all(e["elapsedMs"] >= 0 for e in timeline)
     undecodable = [e for e in timeline if e["value"] is None]
     assert len(undecodable) == 2  # the poison on the topic and its dead letter: raw bytes kept
+    assert all(not e["verified"] and e["unverified"].startswith("unsigned") for e in undecodable)
+    assert [e["verifiedBy"] for e in by_type.values()] == ["health-agent", "health-agent"]
     dead = next(e for e in undecodable if e["topic"] == f"{AUDITED}.dlq")
     assert base64.b64decode(dead["valueBase64"]) == b"\xde\xad\xbe\xef"
     assert dead["deadLetter"]["reason"] == "undecodable"
@@ -792,13 +795,16 @@ def test_a_republished_record_is_entered_as_a_redelivery_and_the_event_counts_on
     """At-least-once outbox delivery re-publishes rows after a Connect crash: an exact copy
     (key, headers and value) is in the log at its own position, marked as the redelivery of
     the first; a record that reuses the id with another value is not a copy and is entered
-    as itself. The incident's projection and timeline count the event once."""
+    as itself, unverified (its producer did not sign that value). The incident's projection
+    counts the event once."""
     ctx, settings, signer = audit
     incident = f"incident-redelivered-{RUN}"
     value, latency = latency_fact(incident)
-    original = (incident, serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, value), latency.headers())
+    payload = serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, value)
+    original = (incident, payload, signed_headers(latency, payload))
     forged_value = {**value, "p95LatencyMs": value["p95LatencyMs"] + 1}
-    other = (incident, serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, forged_value), latency.headers())
+    # the signed record's headers (signature included) on another value: not what was signed
+    other = (incident, serde.serialize(AUDITED, SERVICE_LATENCY_INCREASED, forged_value), original[2])
     produce(stack, AUDITED, [original, original])  # in one batch: the copy follows its original
     loop = audit_service.raw_loop(ctx, settings, signer)
     entered = "SELECT seq, redelivery_of FROM audit_log WHERE ce_id = %s ORDER BY seq"
@@ -816,10 +822,10 @@ def test_a_republished_record_is_entered_as_a_redelivery_and_the_event_counts_on
     ctx.spec.routes(app, ctx)
     client = TestClient(app)
     (mine,) = [i for i in client.get("/incidents").json()["incidents"] if i["incidentId"] == incident]
-    assert mine["entries"] == 2  # the event and the record that reused its id
+    assert mine["entries"] == 1  # the event once; the record that reused its id is no signed record
     timeline = client.get(f"/incidents/{incident}/timeline").json()["timeline"]
-    assert sorted(e["value"]["p95LatencyMs"] for e in timeline) == sorted(
-        [value["p95LatencyMs"], forged_value["p95LatencyMs"]]
+    assert sorted((e["value"]["p95LatencyMs"], e["verified"]) for e in timeline) == sorted(
+        [(value["p95LatencyMs"], True), (forged_value["p95LatencyMs"], False)]
     )
     assert REGISTRY.get_sample_value("flotilla_audit_redeliveries_total", {"topic": AUDITED}) == 2
 

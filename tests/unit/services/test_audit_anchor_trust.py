@@ -111,7 +111,8 @@ class _Snapshot:
         return (
             e.seq, e.topic, e.partition, e.offset, e.key, e.kafka_timestamp_ms, e.headers, e.ce_id, e.ce_type,
             e.ce_source, e.ce_time, e.ce_correlationid, e.ce_causationid, e.record_type, e.value, e.value_json,
-            e.decode_error, e.recorded_at, s.prev_hash, s.entry_hash, s.signature, s.key_id,
+            e.decode_error, e.recorded_at, s.prev_hash, s.entry_hash, s.signature, s.key_id, e.verified_by,
+            e.unverified,
         )  # fmt: skip
 
     # the connection

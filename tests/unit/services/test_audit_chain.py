@@ -132,10 +132,24 @@ def test_every_field_is_covered_by_the_hash() -> None:
         "value_json": '{"p95LatencyMs":180.0}',
         "decode_error": "x",
         "recorded_at": T0,
+        "verified_by": "health-agent",
+        "unverified": "unsigned: x",
     }
     assert set(changes) | {"seq"} == set(base.__dataclass_fields__)
     for name, value in changes.items():
         assert link(GENESIS, replace(base, **{name: value})) != link(GENESIS, base), name  # type: ignore[arg-type]
+
+
+def test_the_signature_verdict_is_sealed_and_entries_sealed_before_it_keep_their_hashes() -> None:
+    before = entry(3)  # recorded before the audit checked producer signatures: no verdict
+    assert "verified_by" not in json.loads(canonical(before)) and "unverified" not in json.loads(canonical(before))
+    verified = replace(before, verified_by="health-agent")
+    assert json.loads(canonical(verified))["verified_by"] == "health-agent"
+    # whoever edits the database cannot flip a verdict, nor erase it, without breaking the link
+    for edited in (replace(verified, verified_by="executor"), replace(verified, verified_by=None)):
+        assert link(GENESIS, edited) != link(GENESIS, verified)
+    refused = replace(before, unverified="unsigned: no ce_signature")
+    assert link(GENESIS, replace(refused, unverified=None, verified_by="health-agent")) != link(GENESIS, refused)
 
 
 def test_headers_json_keeps_order_and_bytes_that_are_not_text() -> None:
@@ -355,10 +369,11 @@ def test_status_follows_the_incident_workflow_and_ignores_dead_letters_and_repea
     assert status is Status.DIAGNOSING
 
 
-def test_event_time_prefers_ce_time_then_kafka_time_then_recording_time() -> None:
-    assert event_time("2025-03-01T09:30:00.250Z", 1, T0) == datetime(2025, 3, 1, 9, 30, 0, 250000, tzinfo=UTC)
-    assert event_time("not a time", 1_740_821_400_000, T0) == datetime.fromtimestamp(1_740_821_400, tz=UTC)
-    assert event_time(None, None, T0) == T0
+def test_event_time_is_the_kafka_time_never_later_than_the_recording_time() -> None:
+    # ce_time is outside the producer's signature: never a record's time
+    assert event_time(1_740_821_400_000, T0) == datetime.fromtimestamp(1_740_821_400, tz=UTC)
+    assert event_time(4_070_908_800_000, T0) == T0  # dated into 2099: cut to when it was recorded
+    assert event_time(None, T0) == T0 and event_time(0, T0) == T0
 
 
 def _row(seq: int, at_ms: int, **kw: object) -> TimelineRow:
