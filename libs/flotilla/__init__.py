@@ -33,8 +33,8 @@ from flotilla.envelope import DEFAULT_HOPS, Envelope, child_traceparent, new_tra
 from flotilla.escalations import escalation
 from flotilla.handling import BusinessRuleViolation, Handler, HandlerContext, Incoming, RecordRefused, Report
 from flotilla.heartbeat import Heartbeat
-from flotilla.http import create_app
-from flotilla.outbox import Outbox
+from flotilla.http import allow_body, create_app, limit_bodies
+from flotilla.outbox import Outbox, RecordTooLargeError
 from flotilla.rawloop import AfterCommit, RawLoop
 from flotilla.registry import registry_client
 from flotilla.runner import Periodic, ServiceContext, ServiceSpec, fact_provenance, run_app, run_service, start
@@ -96,6 +96,7 @@ __all__ = [
     "Reason",
     "Record",
     "RecordRefused",
+    "RecordTooLargeError",
     "RecordValidationError",
     "RegistryUnavailableError",
     "Report",
@@ -114,6 +115,7 @@ __all__ = [
     "WorkflowStore",
     "accepting",
     "accepts",
+    "allow_body",
     "bootstrap_outbox",
     "child_traceparent",
     "command_digest",
@@ -125,6 +127,7 @@ __all__ = [
     "escalation",
     "fact_provenance",
     "kafka_connection",
+    "limit_bodies",
     "load_contracts",
     "load_settings",
     "migrate",

@@ -11,6 +11,10 @@ There is one way in: :meth:`Outbox.row` takes a typed record and its envelope (w
 names its cause), fills in the record's identity, serializes, signs the exact payload
 with the service's key (``flotilla.provenance``: the ``ce_signature`` header consumers
 verify) and returns the row; :meth:`Outbox.append` inserts it at once.
+
+It is also where a record's size is checked: a row Kafka would refuse fails the outbox
+connector's task on every restart (the connector resumes at that row), so a record over
+the configured maximum raises :class:`RecordTooLargeError` here, before the INSERT.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import psycopg
 from psycopg import sql
 
 from flotilla.authority import Signer
+from flotilla.bounds import DEFAULT_MAX_RECORD_BYTES
 from flotilla.envelope import CONTENT_TYPE, Envelope
 from flotilla.provenance import SIGNATURE_HEADER, sign_fact
-from flotilla.serde import AvroSerde
+from flotilla.serde import AvroSerde, SerdeError
 from flotilla.typedrecord import Record
 
 OUTBOX_TABLE = "outbox"
@@ -68,10 +73,26 @@ HEADER_COLUMNS: dict[str, str] = {
     "ce_signature": SIGNATURE_HEADER,
 }
 
+# An OutboxRow's columns, in order (the INSERT's; record_bytes finds the Kafka record's parts by them).
+COLUMNS = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "payload",
+    "ce_specversion",
+    "ce_source",
+    "ce_time",
+    "ce_correlationid",
+    "ce_causationid",
+    "ce_hops",
+    "ce_traceparent",
+    "content_type",
+    "ce_signature",
+)
 _INSERT = f"""
-INSERT INTO {OUTBOX_TABLE} (id, aggregatetype, aggregateid, type, payload, ce_specversion, ce_source,
-    ce_time, ce_correlationid, ce_causationid, ce_hops, ce_traceparent, content_type, ce_signature)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+INSERT INTO {OUTBOX_TABLE} ({", ".join(COLUMNS)})
+VALUES ({", ".join(["%s"] * len(COLUMNS))})
 """
 
 
@@ -104,7 +125,37 @@ class UndeclaredTopicError(RuntimeError):
     """A service emitted to a topic it did not declare: a programming error, never data."""
 
 
+class RecordTooLargeError(SerdeError):
+    """A record over the outbox's maximum size: it would be refused by Kafka and stop the
+    service's publishing, so it is never written. A SerdeError (a value that cannot be
+    turned into a publishable record): a consumer dead-letters the input that made it
+    at once, since trying again makes the same record."""
+
+    def __init__(self, type_: str, topic: str, size: int, limit: int) -> None:
+        self.type = type_
+        self.topic = topic
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"a {type_} record for {topic} is {size} bytes (payload, key and headers), over the outbox's "
+            f"limit of {limit} bytes (FLOTILLA_OUTBOX_MAX_RECORD_BYTES): not written"
+        )
+
+
 OutboxRow = tuple[Any, ...]
+
+_PAYLOAD, _KEY = COLUMNS.index("payload"), COLUMNS.index("aggregateid")
+_HEADERS = tuple((COLUMNS.index(column), header.encode()) for column, header in HEADER_COLUMNS.items())
+
+
+def record_bytes(row: OutboxRow) -> int:
+    """What the Kafka record of ``row`` weighs: its value, key and headers (names and
+    values; a NULL column is no header). The batch's own framing is a few dozen bytes."""
+    size = len(row[_PAYLOAD]) + len(str(row[_KEY]).encode())
+    for index, name in _HEADERS:
+        if row[index] is not None:
+            size += len(name) + len(str(row[index]).encode())
+    return size
 
 
 class Outbox:
@@ -114,12 +165,23 @@ class Outbox:
     None leaves the choice to the database constraint alone (tools and tests). ``signer``
     is the service's key: every fleet member has one, and its consumers refuse what it
     did not sign; None writes unsigned rows (tools, and tests of the outbox itself).
+    ``max_record_bytes`` (FLOTILLA_OUTBOX_MAX_RECORD_BYTES): no larger record is made.
     """
 
-    def __init__(self, serde: AvroSerde, topics: Sequence[str] | None = None, signer: Signer | None = None) -> None:
+    def __init__(
+        self,
+        serde: AvroSerde,
+        topics: Sequence[str] | None = None,
+        signer: Signer | None = None,
+        *,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> None:
+        if max_record_bytes <= 0:
+            raise ValueError("max_record_bytes is a number of bytes above 0")
         self._serde = serde
         self._topics = None if topics is None else frozenset(topics)
         self._signer = signer
+        self.max_record_bytes = max_record_bytes
 
     @property
     def serde(self) -> AvroSerde:
@@ -131,8 +193,9 @@ class Outbox:
         otherwise. A fact's empty ``eventId`` becomes its envelope's id.
 
         Raises RecordValidationError when the value does not match its contract, so
-        nothing invalid ever reaches the table, and UndeclaredTopicError for a topic the
-        service did not declare.
+        nothing invalid ever reaches the table, RecordTooLargeError when the record would
+        be over ``max_record_bytes``, and UndeclaredTopicError for a topic the service
+        did not declare.
         """
         if envelope.type != record.TYPE:
             raise ValueError(f"a {record.TYPE} record under an envelope of type {envelope.type}")
@@ -148,7 +211,7 @@ class Outbox:
             key = str(getattr(record, "incident_id", "") or envelope.correlationid)
         payload = self._serde.serialize(topic, envelope.type, value)
         signature = None if self._signer is None else sign_fact(self._signer, envelope, payload)
-        return (
+        row = (
             envelope.id,
             topic,
             key,
@@ -164,6 +227,10 @@ class Outbox:
             CONTENT_TYPE,
             signature,
         )
+        size = record_bytes(row)
+        if size > self.max_record_bytes:
+            raise RecordTooLargeError(envelope.type, topic, size, self.max_record_bytes)
+        return row
 
     @staticmethod
     def insert(conn: psycopg.Connection[Any], rows: list[OutboxRow], *, if_absent: bool = False) -> None:

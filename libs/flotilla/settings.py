@@ -16,6 +16,7 @@ from psycopg.conninfo import make_conninfo
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from flotilla.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RECORD_BYTES, KAFKA_MAX_REQUEST_BYTES
 from flotilla.delivery import DEFAULT_DELIVERY, Delivery
 
 # Where a Kafka client connects: a bare bootstrap address (local stack, tests) or the
@@ -211,6 +212,13 @@ class ServiceSettings(StackSettings):
     # record it consumes is checked against. A member refuses to start without them.
     signing_key_file: Path | None = None  # FLOTILLA_SIGNING_KEY_FILE
     producer_keys: dict[str, list[str]] = Field(default_factory=dict)  # FLOTILLA_PRODUCER_KEYS (JSON)
+    # Bounds on what enters from outside (flotilla.bounds). A request body of any HTTP API
+    # is refused (413) over this, before it is read or its sender authenticated.
+    http_max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
+    # An outbox record (payload, key and headers) over this is refused where it is made
+    # (flotilla.outbox.RecordTooLargeError): its transaction never commits. Below Kafka's
+    # producer limit (1 MiB, which the connectors do not raise), with 1 KiB for framing.
+    outbox_max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, gt=0, le=KAFKA_MAX_REQUEST_BYTES - 1024)
 
     @classmethod
     def load(cls, **overrides: Any) -> Self:

@@ -89,7 +89,7 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
 
     # Nothing to be ready for but the process itself: the services' availability is
     # shown on the pages, and the console must keep serving while one of them is down.
-    app = create_app(settings.service_name, lambda: True)
+    app = create_app(settings.service_name, lambda: True, max_body_bytes=settings.http_max_body_bytes)
     app.state.api = api
     app.state.sessions = sessions
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

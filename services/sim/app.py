@@ -37,6 +37,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from flotilla import limit_bodies
+from flotilla.bounds import DEFAULT_MAX_BODY_BYTES
 from services.sim.auth import ActionToken
 from services.sim.ledger import Ledger
 from services.sim.model import ACTIONS, InvalidAction, Latency, SimModel, UnknownResource
@@ -166,6 +168,7 @@ def build_app(settings: SimSettings) -> FastAPI:
         action_token=action_token,
         action_seconds=settings.sim_action_seconds,
         ledger=Ledger(settings.sim_ledger_file) if settings.sim_ledger_file else None,
+        max_body_bytes=settings.http_max_body_bytes,
     )
 
 
@@ -176,6 +179,7 @@ def create_sim_app(
     action_seconds: float = 0.2,
     ledger: Ledger | None = None,
     clock: Callable[[], float] = time.monotonic,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The sim over ``model`` (the default topology if None); ``/reset`` returns to it.
     ``ledger``: where applied actions are kept (in memory if None). ``clock``: seconds,
@@ -191,6 +195,7 @@ def create_sim_app(
     telemetry = EstateTelemetry()
 
     app = FastAPI(title="flotilla sim", docs_url=None, redoc_url=None)
+    limit_bodies(app, max_body_bytes)  # FLOTILLA_HTTP_MAX_BODY_BYTES, as every service's API
     app.state.sim = state
 
     @app.exception_handler(RequestValidationError)
