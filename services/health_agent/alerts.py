@@ -16,6 +16,13 @@
   warning in the log. Nothing is dropped silently.
 - A payload that is not version 4 of the documented shape gets 422 with what is wrong,
   and nothing changes; a delivery is handled in one transaction, all of it or none.
+- What an alert carries is bounded (security review 3, H2: one oversized label made a
+  record Kafka refused, and the agent's publishing stopped). Labels, names and URLs over
+  their bound are refused whole (422 naming the field, nothing changes), never cut: labels
+  are the alert's identity (its fingerprint is their hash, and one of them names the
+  service), a cut name is another name, and a cut URL leads nowhere. Only the summary, prose
+  for a person, is cut where it is copied into a record (its first 2000 characters). The
+  body as a whole is bounded before it is read (``FLOTILLA_ALERT_MAX_BODY_BYTES``).
 
 What kind of signal an alert is about comes from its ``signal`` label when it has one
 (latency, errors, saturation, dependency, availability, other), else from its name.
@@ -35,9 +42,10 @@ from flotilla_evidence import Catalogue
 from prometheus_client import Counter
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from flotilla import Record, ServiceContext
+from flotilla.bounds import name_problem, shown
 from flotilla.records import AlertObserved, AlertRef, ServiceDegraded
 from services.health_agent import incidents
 from services.health_agent.detector import Phase
@@ -63,6 +71,41 @@ _SIGNAL_BY_NAME = (
 # The year of Alertmanager's zero time ("0001-01-01T00:00:00Z"): no end known.
 _NO_END_YEAR = 1
 
+# What one alert may carry. Generous for any real rule (Mimir's defaults: 30 labels, names
+# of 1024 and values of 2048 characters; the estate's rule sends 5 labels, 3 annotations),
+# and small enough that every record an alert goes into stays far below the outbox's limit
+# (labels ≤ 16 KiB, summary ≤ 2000 characters, URL ≤ 2048: a record of at most ~40 KiB).
+ALERTS_MAX = 5000
+LABELS_MAX = 64
+LABEL_NAME_MAX = 128  # characters
+LABEL_VALUE_MAX = 2048  # characters
+LABELS_BYTES_MAX = 16 * 1024  # every name and value of one alert, as UTF-8
+ANNOTATIONS_MAX = 64
+ANNOTATION_VALUE_MAX = 16 * 1024  # characters; only the summary reaches a record (cut)
+ANNOTATIONS_BYTES_MAX = 64 * 1024
+URL_MAX = 2048  # generatorURL, externalURL (characters)
+SUMMARY_MAX = 2000  # characters of the summary copied into a record
+# Labels whose values are names (at most 253 characters, as a Kubernetes object's): the
+# alert's name and, besides the intake's service and environment labels, where it runs.
+NAME_LABELS = ("alertname", "namespace", "deployment")
+# The validation context key for the intake's own name labels (Intake.parse).
+_NAMES = "name_labels"
+
+
+def _sized(what: str, items: dict[str, str], count: int, key_max: int, value_max: int, total_max: int) -> None:
+    """Refuse (ValueError, naming the key, never repeating a long value) what is over a bound."""
+    if len(items) > count:
+        raise ValueError(f"{len(items)} {what}s, over the {count} an alert may have")
+    total = 0
+    for key, value in items.items():
+        if len(key) > key_max:
+            raise ValueError(f"{what} name {shown(key)} is over {key_max} characters")
+        if len(value) > value_max:
+            raise ValueError(f"{what} {shown(key)} is {len(value)} characters, over the {value_max} allowed")
+        total += len(key.encode()) + len(value.encode())
+    if total > total_max:
+        raise ValueError(f"{what}s are {total} bytes together, over the {total_max} allowed")
+
 
 class AlertIn(BaseModel):
     """One alert of a notification, as Alertmanager sends it."""
@@ -74,15 +117,26 @@ class AlertIn(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     startsAt: datetime
     endsAt: datetime | None = None
-    generatorURL: str = ""
+    generatorURL: str = Field("", max_length=URL_MAX)
     fingerprint: str = Field(min_length=1, max_length=64)
 
     @field_validator("labels")
     @classmethod
-    def _named(cls, labels: dict[str, str]) -> dict[str, str]:
+    def _named(cls, labels: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         if not labels.get("alertname"):
             raise ValueError("an alert has an alertname label")
+        _sized("label", labels, LABELS_MAX, LABEL_NAME_MAX, LABEL_VALUE_MAX, LABELS_BYTES_MAX)
+        names = (info.context or {}).get(_NAMES, NAME_LABELS)
+        for key in names:
+            if labels.get(key) and (why := name_problem(labels[key])):
+                raise ValueError(f"label {key!r} names a service, environment or alert, and {why}")
         return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _bounded(cls, annotations: dict[str, str]) -> dict[str, str]:
+        _sized("annotation", annotations, ANNOTATIONS_MAX, LABEL_NAME_MAX, ANNOTATION_VALUE_MAX, ANNOTATIONS_BYTES_MAX)
+        return annotations
 
     @property
     def ended(self) -> datetime | None:
@@ -99,10 +153,11 @@ class Notification(BaseModel):
 
     version: Literal["4"]
     status: Literal["firing", "resolved"]
-    receiver: str = ""
-    groupKey: str = ""
+    receiver: str = Field("", max_length=1024)
+    groupKey: str = Field("", max_length=LABELS_BYTES_MAX)
     truncatedAlerts: int = 0
-    alerts: list[AlertIn] = Field(max_length=5000)
+    externalURL: str = Field("", max_length=URL_MAX)
+    alerts: list[AlertIn] = Field(max_length=ALERTS_MAX)
 
 
 @dataclass(frozen=True)
@@ -147,6 +202,13 @@ class Intake:
     opens: bool
     topic: str = "incidents"
 
+    def parse(self, body: bytes | str) -> Notification:
+        """A delivery's body as a notification, every bound checked (pydantic's
+        ValidationError naming each field that breaks one); the intake's service and
+        environment labels must hold names."""
+        names = (*NAME_LABELS, *self.service_labels, *self.environment_labels)
+        return Notification.model_validate_json(body, context={_NAMES: names})
+
     def where(self, labels: Mapping[str, str]) -> tuple[str | None, str]:
         service = next((labels[k] for k in self.service_labels if labels.get(k)), None)
         environment = next((labels[k] for k in self.environment_labels if labels.get(k)), self.default_environment)
@@ -171,7 +233,7 @@ def _ref(alert: AlertIn) -> AlertRef:
         status=alert.status,
         severity=alert.labels.get("severity"),
         labels=dict(alert.labels),
-        summary=summary[:2000] if summary else None,
+        summary=summary[:SUMMARY_MAX] if summary else None,
         starts_at=alert.startsAt,
         ends_at=alert.ended,
         generator_url=alert.generatorURL or None,
@@ -289,9 +351,9 @@ def _stored_outcome(outcome: str, stored: str) -> str:
 def _summary(alert: AlertIn) -> str:
     said = alert.annotations.get("summary") or alert.annotations.get("description")
     if said:
-        return said[:2000]
+        return said[:SUMMARY_MAX]
     labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k != "alertname")
-    return f"{alert.labels['alertname']} firing ({labels})"[:2000]
+    return f"{alert.labels['alertname']} firing ({labels})"[:SUMMARY_MAX]
 
 
 def _open(
@@ -377,7 +439,7 @@ def resolve_lost(ctx: ServiceContext, conn: psycopg.Connection[Any], topic: str,
         status="resolved",
         severity=row["severity"],
         labels=dict(row["labels"]),
-        summary=f"resolved per Prometheus: its rule no longer fires ({summary or 'no summary'})"[:2000],
+        summary=f"resolved per Prometheus: its rule no longer fires ({summary or 'no summary'})"[:SUMMARY_MAX],
         starts_at=row["starts_at"],
         ends_at=now,
         generator_url=row["generator_url"],

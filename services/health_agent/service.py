@@ -60,7 +60,7 @@ def build_spec(settings: HealthSettings | None = None, source: MetricsSource | N
         log.warning("the alert webhook takes the public demo token (FLOTILLA_PROFILE=demo): set FLOTILLA_ALERT_TOKENS")
 
     def routes(app: FastAPI, ctx: ServiceContext) -> None:
-        install_routes(app, ctx, intake, senders)
+        install_routes(app, ctx, intake, senders, max_body_bytes=settings.alert_max_body_bytes)
 
     return ServiceSpec(
         name=settings.service_name,

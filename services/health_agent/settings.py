@@ -53,6 +53,11 @@ class HealthSettings(EvidenceSettings):
         "env",
         "namespace",
     )
+    # The largest webhook body taken (413 over it, read only after the sender's token is
+    # checked): 5000 alerts (the most one delivery may hold) of ~3 KiB each, twice the
+    # size of the estate rule's alerts as Alertmanager sends them (~1.3 KiB, most of it
+    # the generatorURL). Each alert's own bounds are in services/health_agent/alerts.py.
+    alert_max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     # How long after a recovery's window an alert may still be reported firing before the
     # recovery counts as failed: Alertmanager reports a resolution only after its rule is
     # evaluated and its group_interval (5 min by default) has passed.
