@@ -11,6 +11,12 @@ is kept even while it has no traffic; an observed edge the catalogue does not de
 added; traffic to a declared standby (``failover_to``) and none to its primary means the
 caller has failed over — the dependency stays the primary, its *active* target is the
 standby. A catalogue's threshold, Deployment and namespace win over telemetry's.
+
+Names come from telemetry, which any workload can write into (security review 3, H2): a
+service, environment, dependency or revision label value that is not a name a record can
+carry (over 253 characters, or with control characters: :func:`flotilla.bounds.name_problem`)
+is left out of the reading, logged once and counted in
+``flotilla_evidence_names_left_out_total{label}``; it never reaches a record.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
+from prometheus_client import Counter
+
+from flotilla.bounds import name_problem, shown
 from flotilla_evidence.base import EvidenceUnavailable
 from flotilla_evidence.catalogue import Catalogue
 from flotilla_evidence.coalesce import Coalescer
@@ -31,6 +40,15 @@ from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
 from flotilla_evidence.queries import Labels, Queries
 
 log = logging.getLogger(__name__)
+
+NAMES_LEFT_OUT = Counter(
+    "flotilla_evidence_names_left_out_total",
+    "Label values read from telemetry (service, environment, dependency, revision) left out "
+    "because no record may carry them as a name (over 253 characters, or control characters).",
+    ["label"],
+)
+# How many distinct refused names are logged (each once); more are only counted.
+_WARNED_MAX = 1000
 
 Graph = Literal["telemetry", "catalogue", "both"]
 Key = tuple[str, str]  # (environment, service)
@@ -99,6 +117,7 @@ class PrometheusEvidence:
         # Concurrent snapshots' reads of one query merged into one request (coalesce.py).
         self._readings: Coalescer[tuple[str, str], Reading] = Coalescer()
         self._series: Coalescer[tuple[str, str], RangeSeries] = Coalescer()
+        self._warned: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------- readings
 
@@ -173,15 +192,41 @@ class PrometheusEvidence:
                 found[name].append(replace(r, labels={k: v for k, v in r.labels.items() if k != BUNDLE_LABEL}))
         return found
 
-    def _environment_of(self, labels: Mapping[str, str]) -> str:
-        return labels.get(self.labels.environment) or self.default_environment
+    def _name(self, labels: Mapping[str, str], label: str) -> str | None:
+        """``labels[label]`` when it is a name a record may carry; None when absent or
+        empty, and when it is not (left out: logged once, counted)."""
+        value = labels.get(label)
+        if not value:
+            return None
+        why = name_problem(value)
+        if why is None:
+            return value
+        NAMES_LEFT_OUT.labels(label).inc()
+        if (label, value) not in self._warned and len(self._warned) < _WARNED_MAX:
+            self._warned.add((label, value))
+            log.warning("%s: %s %s left out of the reading: it %s", self.name, label, shown(value), why)
+        return None
+
+    def _environment_of(self, labels: Mapping[str, str]) -> str | None:
+        """The series' environment (the default one without the label); None: its label
+        is not a name (the series is left out)."""
+        if not labels.get(self.labels.environment):
+            return self.default_environment
+        return self._name(labels, self.labels.environment)
+
+    def _key_of(self, labels: Mapping[str, str]) -> Key | None:
+        """(environment, service) a series is about; None without a service, or when
+        either is not a name a record may carry."""
+        service = self._name(labels, self.labels.service)
+        environment = None if service is None else self._environment_of(labels)
+        return None if service is None or environment is None else (environment, service)
 
     def _per_service(self, readings: list[Reading]) -> dict[Key, float]:
         found: dict[Key, float] = {}
         for r in readings:
-            service = r.labels.get(self.labels.service)
-            if service:
-                found[(self._environment_of(r.labels), service)] = r.value
+            key = self._key_of(r.labels)
+            if key is not None:
+                found[key] = r.value
         return found
 
     def _thresholds(self, services: Iterable[str] | None) -> dict[Key, float]:
@@ -213,7 +258,7 @@ class PrometheusEvidence:
     def _edges_from(self, readings: list[Reading]) -> dict[tuple[str, str], float]:
         found = {}
         for r in readings:
-            client, server = r.labels.get(self.labels.client), r.labels.get(self.labels.server)
+            client, server = self._name(r.labels, self.labels.client), self._name(r.labels, self.labels.server)
             if client and server and r.value > 0:
                 found[(client, server)] = r.value
         return found
@@ -258,9 +303,9 @@ class PrometheusEvidence:
     def _versions_from(self, series: list[RangeSeries]) -> dict[Key, _Versions]:
         seen: dict[Key, list[tuple[datetime, datetime, str]]] = defaultdict(list)
         for s in series:
-            service, version = s.labels.get(self.labels.service), s.labels.get(self.labels.version)
-            if service and version and s.points:
-                seen[(self._environment_of(s.labels), service)].append((s.points[0][0], s.points[-1][0], version))
+            key, version = self._key_of(s.labels), self._name(s.labels, self.labels.version)
+            if key and version and s.points:
+                seen[key].append((s.points[0][0], s.points[-1][0], version))
         found = {}
         for key, spans in seen.items():
             spans.sort(key=lambda span: (span[1], span[0]))  # by last seen, then first seen
@@ -271,11 +316,7 @@ class PrometheusEvidence:
         return found
 
     def _history_from(self, series: list[RangeSeries], environment: str) -> dict[str, Series]:
-        return {
-            s.labels[self.labels.service]: s.points
-            for s in series
-            if s.labels.get(self.labels.service) and self._environment_of(s.labels) == environment
-        }
+        return {key[1]: s.points for s in series if (key := self._key_of(s.labels)) and key[0] == environment}
 
     def snapshot(self, around: str | None = None, *, environment: str | None = None) -> Topology:
         now = self._clock()
