@@ -3,9 +3,17 @@
 The 2x rule compares a scale command's target with what runs now. The proposal cannot
 be trusted for that number (a model could understate it to slip under the limit), so
 the policy service asks the platform itself: the sim's API locally (the sim is the
-executor's target there: its own word on its replicas), the estate's Prometheus
-(kube-state-metrics) and catalogue in production, a static table in tests. An unknown
-count never guesses: the guard ``unknown-capacity-needs-human`` then asks a person.
+executor's target there: its own word on its replicas), the Kubernetes API server where
+the executor acts on Deployments (the object it scales: :class:`KubernetesInventory`),
+the estate's Prometheus (kube-state-metrics) and catalogue where there is nothing better,
+a static table in tests. An unknown count never guesses: the guard
+``unknown-capacity-needs-human`` then asks a person.
+
+Prometheus is the weakest of these: ``kube_deployment_spec_replicas`` is a series like any
+other, and whatever can push series with the same labels into the Prometheus the policy
+reads can raise the count the 2x rule compares with (security review 3, M2;
+docs/security/threat-model.md, "Telemetry is a trust root"). The API server's count is the
+one the executor will change, written only by whoever may write the Deployment.
 
 Whether a target exists matters for what waits for a person: a proposal whose target
 has left the estate (a service removed, renamed, moved to another environment) can only
@@ -20,9 +28,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
-from flotilla_evidence import EvidenceUnavailable, PrometheusEvidence
+from flotilla_evidence import Catalogue, EvidenceSettings, EvidenceUnavailable, PrometheusEvidence
+from flotilla_evidence.kubernetes import KubernetesApi
 
 from services.policy.decide import Target
 
@@ -119,6 +129,67 @@ class EstateInventory:
         if not len(catalogue):
             return None
         return catalogue.get(target.environment, target.name) is not None
+
+
+class KubernetesInventory:
+    """The API server's word: ``spec.replicas`` of the Deployment named after the service,
+    in the namespace its environment maps to (``FLOTILLA_KUBERNETES_NAMESPACES``, the map
+    the executor acts by), read with the policy service's own token (``get deployments``
+    there, nothing else: overlays/production/policy-rbac.yaml). The client is the one the
+    diagnostic agent reads Deployments with (flotilla_evidence.kubernetes.KubernetesApi).
+
+    A Deployment the API server says is not there (404) does not exist, whatever telemetry
+    says: the executor could not act on it. An environment the map does not place, or an
+    API server that refuses or does not answer: the count is unknown (a person decides;
+    never Prometheus' figure instead), and whether it exists is the catalogue's to say."""
+
+    def __init__(self, api: KubernetesApi, namespaces: Mapping[str, str], catalogue: Catalogue | None = None) -> None:
+        self._api = api
+        self._namespaces = dict(namespaces)
+        self._catalogue = catalogue
+
+    @classmethod
+    def from_settings(cls, settings: EvidenceSettings, *, timeout: float) -> KubernetesInventory:
+        if not settings.kubernetes_namespaces:
+            raise ValueError(
+                "FLOTILLA_POLICY_INVENTORY=kubernetes needs FLOTILLA_KUBERNETES_NAMESPACES: which namespace holds "
+                'each environment\'s Deployments, as the executor has it (e.g. {"production": "apps"})'
+            )
+        try:
+            token = settings.kubernetes_token_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(
+                f"FLOTILLA_POLICY_INVENTORY=kubernetes but FLOTILLA_KUBERNETES_TOKEN_FILE "
+                f"({settings.kubernetes_token_file}) cannot be read: {exc}"
+            ) from exc
+        api = KubernetesApi(settings.kubernetes_api_url, token, ca_file=settings.kubernetes_ca_file, timeout=timeout)
+        return cls(api, settings.kubernetes_namespaces, settings.catalogue())
+
+    def _deployment(self, target: Target) -> tuple[bool | None, dict[str, Any] | None]:
+        """(exists, the Deployment when it does); (None, None) when the API server cannot say."""
+        namespace = self._namespaces.get(target.environment)
+        if namespace is None:
+            return None, None
+        path = f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/deployments/{quote(target.name, safe='')}"
+        try:
+            found = self._api.get(path)
+        except EvidenceUnavailable as exc:
+            log.warning("inventory: no replica count for %s from the API server: %s", target.key, exc)
+            return None, None
+        return found is not None, found
+
+    def current_replicas(self, target: Target) -> int | None:
+        _, found = self._deployment(target)
+        replicas = None if found is None else found.get("spec", {}).get("replicas")
+        return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+
+    def exists(self, target: Target) -> bool | None:
+        known, _ = self._deployment(target)
+        if known is not None:
+            return known
+        if self._catalogue is None or not len(self._catalogue):
+            return None
+        return self._catalogue.get(target.environment, target.name) is not None
 
 
 def missing(inventory: Inventory, targets: tuple[Target, ...]) -> list[Target]:

@@ -8,7 +8,7 @@ from flotilla.authority import Signer
 from flotilla.keys import Keyring
 from services.policy.auth import TokenStore
 from services.policy.decide import PolicyEngine
-from services.policy.inventory import EstateInventory, Inventory, NoInventory, SimInventory
+from services.policy.inventory import EstateInventory, Inventory, KubernetesInventory, NoInventory, SimInventory
 from services.policy.settings import PolicySettings
 
 
@@ -32,6 +32,8 @@ class PolicyRuntime:
         inventory: Inventory = NoInventory()
         if settings.policy_inventory == "sim":
             inventory = SimInventory(settings.sim_url, settings.inventory_timeout_seconds)
+        elif settings.policy_inventory == "kubernetes":
+            inventory = KubernetesInventory.from_settings(settings, timeout=settings.inventory_timeout_seconds)
         elif settings.policy_inventory == "prometheus":
             inventory = EstateInventory(settings.evidence())
         tokens, demo = settings.token_store()

@@ -34,9 +34,12 @@ class PolicySettings(EvidenceSettings):
     policy_users: str | None = None
     policy_users_file: Path | None = None
     # Where current replica counts come from (the 2x rule): the sim's API (the local
-    # target), the estate's Prometheus and catalogue (FLOTILLA_PROMETHEUS_URL,
-    # FLOTILLA_ESTATE_CATALOGUE_FILE), or nowhere (then every production scale needs a person).
-    policy_inventory: Literal["sim", "prometheus", "none"] = "sim"
+    # target), the Kubernetes API server (the Deployments the executor scales:
+    # FLOTILLA_KUBERNETES_NAMESPACES, _API_URL, _TOKEN_FILE, _CA_FILE), the estate's
+    # Prometheus and catalogue (FLOTILLA_PROMETHEUS_URL, FLOTILLA_ESTATE_CATALOGUE_FILE: a
+    # count anyone who can write series there can raise), or nowhere (then every production
+    # scale needs a person).
+    policy_inventory: Literal["sim", "kubernetes", "prometheus", "none"] = "sim"
     sim_url: str = url(SIM)
     inventory_timeout_seconds: float = 1.0
 

@@ -3,8 +3,9 @@
 The executor's ServiceAccount may do exactly what ``KubernetesTarget`` calls
 (infra/k8s/overlays/production/executor-rbac.yaml) in the namespace it serves, and gets
 403 on everything else; the diagnostic agent's may read exactly what
-``KubernetesEvidence`` reads (diagnostic-rbac.yaml), and write nothing. They are the two
-members whose pods mount a token. Every other member's ServiceAccount may do nothing at
+``KubernetesEvidence`` reads (diagnostic-rbac.yaml), and write nothing; the policy
+service's may get a Deployment (policy-rbac.yaml: the 2x rule's replica count), nothing
+else. They are the three members whose pods mount a token. Every other member's ServiceAccount may do nothing at
 all with the API: a token requested for it (as anyone who can create pods under it
 could) reads and writes nothing.
 """
@@ -80,19 +81,19 @@ def test_the_executor_gets_403_on_everything_else(production: Cluster) -> None:
     assert answers == {what: 403 for what, *_ in NOT_FOR_ANYONE}
 
 
-def test_only_the_executor_and_the_diagnostic_agent_mount_a_token(production: Cluster) -> None:
+def test_only_the_executor_the_diagnostic_agent_and_the_policy_service_mount_a_token(production: Cluster) -> None:
     mounted = set()
     for obj in production.render("overlays/production"):
         if obj["kind"] in ("Deployment", "Job"):
             spec = obj["spec"]["template"]["spec"]
             if spec.get("automountServiceAccountToken", True):
                 mounted.add(spec.get("serviceAccountName", "default"))
-    assert mounted == {"executor", "diagnostic-agent"}
+    assert mounted == {"executor", "diagnostic-agent", "policy-service"}
 
 
 @pytest.mark.parametrize(
     "member",
-    ["health-agent", "remediation-agent", "policy-service", "audit", "dlq-reconciler", "console"],
+    ["health-agent", "remediation-agent", "audit", "dlq-reconciler", "console"],
 )
 def test_every_other_member_can_do_nothing(production: Cluster, member: str) -> None:
     token = production.token_for(member, FLEET_NAMESPACE)
@@ -118,3 +119,12 @@ def test_the_diagnostic_agent_reads_deployments_and_writes_nothing(production: C
     ]
     denied = {what: call(production, token, method, url, body) for what, method, url, body in writes}
     assert denied == {what: 403 for what, *_ in writes}
+
+
+def test_the_policy_service_gets_a_deployment_and_nothing_else(production: Cluster) -> None:
+    """KubernetesInventory's one call: GET a Deployment in a served namespace."""
+    token = production.token_for("policy-service", FLEET_NAMESPACE)
+    assert call(production, token, "GET", apps("/checkout-api"), None) == 200
+    tried = [t for t in EXECUTOR_NEEDS + NOT_FOR_ANYONE if t[0] != "get a deployment"]
+    answers = {what: call(production, token, method, url, body) for what, method, url, body in tried}
+    assert answers == {what: 403 for what, *_ in tried}

@@ -726,8 +726,9 @@ def test_production_refuses_demo_users(overlay: str, objects: tuple[dict[str, An
             assert env["FLOTILLA_PROFILE"] == expected, ident(w)
     if overlay == "production":
         policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
-        # replicas from the estate's Prometheus (kube-state-metrics), never a sim
-        assert policy["FLOTILLA_POLICY_INVENTORY"] == "prometheus"
+        # replicas from the API server (the Deployment the executor scales), never a sim,
+        # nor kube-state-metrics' series (whoever writes to Prometheus could raise them)
+        assert policy["FLOTILLA_POLICY_INVENTORY"] == "kubernetes"
         for w in workloads(objects):
             env = container_env(objects, w["spec"]["template"]["spec"]["containers"][0])
             assert "FLOTILLA_POLICY_DRY_RUN" not in env
@@ -1228,8 +1229,8 @@ def test_each_address_a_pod_is_given_is_where_its_egress_goes(
             workload
         )
     if overlay == "production":
-        # The API server by address only (a placeholder to edit), and for the two members
-        # that hold a token: the executor and the diagnostic agent (its Deployment reader).
+        # The API server by address only (a placeholder to edit), and for the members that
+        # hold a token: the executor, the diagnostic agent and the policy service (readers).
         (policy,) = [
             p
             for p in of_kind(objects, "NetworkPolicy")
@@ -1239,7 +1240,11 @@ def test_each_address_a_pod_is_given_is_where_its_egress_goes(
         ]
         assert policy["spec"]["podSelector"] == {
             "matchExpressions": [
-                {"key": "app.kubernetes.io/name", "operator": "In", "values": ["executor", "diagnostic-agent"]}
+                {
+                    "key": "app.kubernetes.io/name",
+                    "operator": "In",
+                    "values": ["executor", "diagnostic-agent", "policy-service"],
+                }
             ]
         }
         assert {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]} == {443, 6443}
@@ -1278,16 +1283,18 @@ def test_only_the_production_executor_and_diagnostic_agent_talk_to_the_kubernete
     ]
     roles, bindings = of_kind(objects, "Role"), of_kind(objects, "RoleBinding")
     readers = [r for r in roles + bindings if r["metadata"]["labels"]["app.kubernetes.io/name"] == "diagnostic-agent"]
+    counters = [r for r in roles + bindings if r["metadata"]["labels"]["app.kubernetes.io/name"] == "policy-service"]
     assert of_kind(objects, "ClusterRole") == [] and of_kind(objects, "ClusterRoleBinding") == []
     if overlay == "dev":
         assert automounted == [] and roles == [] and bindings == []
         return
-    assert sorted(automounted) == ["diagnostic-agent", "executor"]
+    assert sorted(automounted) == ["diagnostic-agent", "executor", "policy-service"]
     served = _served_namespaces(objects)
     assert served is not None
     _assert_read_only(objects, readers, served)
-    roles = [r for r in roles if r not in readers]
-    bindings = [b for b in bindings if b not in readers]
+    _assert_policy_reads_replicas_only(objects, counters, served)
+    roles = [r for r in roles if r not in readers + counters]
+    bindings = [b for b in bindings if b not in readers + counters]
     # Exactly one Role and one RoleBinding in each served namespace, and none anywhere else:
     # the executor may patch the Deployments of the environments it serves, nothing more.
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(served.values())
@@ -1334,4 +1341,24 @@ def _assert_read_only(objects: tuple[dict[str, Any], ...], readers: list[dict[st
         }, ident(role)
         subject = {"kind": "ServiceAccount", "name": "diagnostic-agent", "namespace": fleet_namespace}
         assert binding["subjects"] == [subject]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def _assert_policy_reads_replicas_only(
+    objects: tuple[dict[str, Any], ...], counters: list[dict[str, Any]], served: Any
+) -> None:
+    """The policy service's Role (services/policy/inventory.py, KubernetesInventory): the 2x
+    rule's count from the Deployment the executor scales, `get` in each namespace it serves."""
+    policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
+    assert policy["FLOTILLA_POLICY_INVENTORY"] == "kubernetes"
+    assert json.loads(policy["FLOTILLA_KUBERNETES_NAMESPACES"]) == dict(served)
+    fleet_namespace = named(objects, "Deployment", "policy-service")["metadata"]["namespace"]
+    assert sorted(c["metadata"]["namespace"] for c in counters if c["kind"] == "Role") == sorted(served.values())
+    for namespace in served.values():
+        (role,) = [r for r in counters if r["kind"] == "Role" and r["metadata"]["namespace"] == namespace]
+        (binding,) = [b for b in counters if b["kind"] == "RoleBinding" and b["metadata"]["namespace"] == namespace]
+        assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]}], ident(role)
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "policy-service", "namespace": fleet_namespace}
+        ]
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
