@@ -37,9 +37,8 @@ import psycopg
 from confluent_kafka import Message
 from prometheus_client import Counter
 
-from flotilla import AfterCommit, AvroSerde, RegistryUnavailableError, Status
+from flotilla import AfterCommit, AvroSerde, Envelope, RegistryUnavailableError, Status
 from flotilla.authority import Unauthorized
-from flotilla.envelope import Envelope, RawHeaders
 from flotilla.provenance import Provenance, signature_header
 from flotilla.rawrecords import first_header, headers_of, jsonable
 from services.audit.chain import Entry, Sealed, Signer, headers_json, seal
@@ -87,7 +86,7 @@ class Recorder:
         self._provenance = provenance
         self._clock = clock or (lambda: datetime.now(UTC))
 
-    def verdict(self, headers: RawHeaders, value: bytes | None) -> tuple[str | None, str | None]:
+    def verdict(self, headers: list[tuple[str, bytes | None]], value: bytes | None) -> tuple[str | None, str | None]:
         """(the member that signed the record, None) or (None, why it is not believed)."""
         try:
             envelope = Envelope.from_headers(headers)
