@@ -269,7 +269,10 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             p=proposal,
             timeline=timeline,
             timeline_problem=timeline_problem,
+            # only what the agents signed is their diagnosis; the rest is marked where listed
             diagnoses=views.diagnoses(timeline, proposal_id=str(proposal["proposalId"])),
+            unverified=views.unverified(timeline),
+            unverified_note=views.unverified_note,
             digest_ok=views.digest_matches(proposal.get("steps"), proposal.get("digest")),
         )
 
@@ -360,6 +363,8 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             timeline=timeline,
             outcomes=views.outcomes(timeline),
             diagnoses=views.diagnoses(timeline),
+            unverified=views.unverified(timeline),
+            unverified_note=views.unverified_note,
             pending=pending,
             after=after,
             page_info=page_info,

@@ -15,6 +15,7 @@ from typing import Any
 from flotilla_ops.fleetapi import FleetApiError, FleetEndpoints
 
 from flotilla.digest import command_digest
+from flotilla.provenance import PRODUCERS
 
 # Records that say how an incident ended up (or is ending up), in the order people ask.
 OUTCOME_TYPES = (
@@ -66,6 +67,28 @@ def tone(record_type: str | None) -> str:
     return "plain"
 
 
+def believed(entry: Mapping[str, Any]) -> bool:
+    """Whether an audit timeline entry is what its producer signed: the audit verified the
+    signature (``verifiedBy``: the member whose key did), and that member may state this type.
+
+    Anyone who can write a topic can write a record that names any source; the audit keeps
+    those too, marked. Only believed records are shown as what an agent concluded, decided
+    or did; the others appear in the timeline, marked unverified, and nowhere else."""
+    producer = entry.get("verifiedBy")
+    return (
+        entry.get("verified") is True
+        and isinstance(producer, str)
+        and producer in PRODUCERS.get(str(entry.get("type")), frozenset())
+    )
+
+
+def unverified_note(entry: Mapping[str, Any]) -> str | None:
+    """Why an entry is not believed, for the page (None: it is)."""
+    if believed(entry):
+        return None
+    return str(entry.get("unverified") or "not verified: its producer's signature was not checked or did not hold")
+
+
 def is_terminal(status: str | None) -> bool:
     return (status or "").upper() in TERMINAL
 
@@ -108,7 +131,7 @@ class Diagnosis:
 
     seq: int
     record_type: str
-    source: str | None
+    source: str  # the member whose signature the audit verified
     summary: str
     confidence: float | None
     reasoner: str | None
@@ -121,14 +144,15 @@ _HEADLINE_FIELDS = ("suspectedDependency", "failureMode", "causeCategory", "serv
 
 
 def diagnoses(timeline: Iterable[Mapping[str, Any]], proposal_id: str | None = None) -> list[Diagnosis]:
-    """The diagnosis records of a timeline (every record whose decoded value holds a
-    ``reasoning``) with their evidence, in timeline order. Proposals carry the same
+    """The diagnosis records of a timeline (every believed record whose decoded value holds
+    a ``reasoning``) with their evidence, in timeline order. Proposals carry the same
     evidence again: only the one named by ``proposal_id`` is kept (its own reasoning, e.g.
-    why this many replicas), and dead-lettered copies never are."""
+    why this many replicas), and dead-lettered copies never are. A record its producer did
+    not sign is never a diagnosis, whatever source it names (:func:`believed`)."""
     found = []
     for entry in timeline:
         value = entry.get("value")
-        if not isinstance(value, Mapping) or str(entry.get("topic", "")).endswith(".dlq"):
+        if not isinstance(value, Mapping) or str(entry.get("topic", "")).endswith(".dlq") or not believed(entry):
             continue
         if short(entry.get("type")) == "RecoveryProposed" and (
             proposal_id is None or str(value.get("proposalId")) != proposal_id
@@ -143,7 +167,7 @@ def diagnoses(timeline: Iterable[Mapping[str, Any]], proposal_id: str | None = N
             Diagnosis(
                 seq=int(entry.get("seq", 0)),
                 record_type=short(entry.get("type")),
-                source=entry.get("source"),
+                source=str(entry["verifiedBy"]),
                 summary=str(reasoning.get("summary", "")),
                 confidence=float(confidence) if isinstance(confidence, int | float) else None,
                 reasoner=None if reasoning.get("reasoner") is None else str(reasoning.get("reasoner")),
@@ -156,8 +180,14 @@ def diagnoses(timeline: Iterable[Mapping[str, Any]], proposal_id: str | None = N
 
 
 def outcomes(timeline: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The timeline's decision and execution records (approval, execution, verification)."""
-    return [e for e in timeline if short(e.get("type")) in OUTCOME_TYPES]
+    """The timeline's believed decision and execution records (approval, execution,
+    verification); an unsigned RecoveryCompleted is no outcome."""
+    return [e for e in timeline if short(e.get("type")) in OUTCOME_TYPES and believed(e)]
+
+
+def unverified(timeline: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The timeline's records nobody verified: listed, marked, never taken for a fact."""
+    return [e for e in timeline if not believed(e)]
 
 
 def digest_matches(steps: Any, digest: str | None) -> bool | None:

@@ -91,7 +91,8 @@ def _proposal(digest: str = DIGEST, status: str = "pending") -> dict[str, Any]:
 
 NAMESPACES = {
     "DependencyFailureSuspected": "decisions",
-    "RecoveryApproved": "decisions",
+    "DiagnosisConcluded": "decisions",
+    "RecoveryProposed": "decisions",
     "ScaleService": "commands",
 }
 
@@ -112,6 +113,10 @@ def _entry(seq: int, kind: str, source: str, elapsed: int, value: dict[str, Any]
         if cause is None
         else {"seq": cause, "type": "dev.flotilla.incidents.X", "eventId": str(uuid.UUID(int=1000 + cause))},
         "value": value,
+        # as the audit marks a record whose producer's signature it verified
+        "verified": True,
+        "verifiedBy": source,
+        "unverified": None,
     }
 
 
@@ -166,6 +171,7 @@ class StandIns:
     requeues: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
     calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, URL, bearer token)
     timeline_page: int = 500  # audit's page size
+    extra: list[dict[str, Any]] = field(default_factory=list)  # records after TIMELINE (forgeries)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}"
@@ -235,7 +241,7 @@ class StandIns:
             return httpx.Response(200, json={"incidents": [summary]})
         if path == f"/incidents/{INCIDENT}/timeline":
             after = int(request.url.params.get("after", 0))
-            rest = [e for e in TIMELINE if e["seq"] > after]
+            rest = [e for e in TIMELINE + self.extra if e["seq"] > after]
             page, more = rest[: self.timeline_page], len(rest) > self.timeline_page
             paging = {"after": after, "limit": self.timeline_page, "nextAfter": page[-1]["seq"] if more else None}
             return httpx.Response(200, json={**summary, "timeline": page, "page": paging})
@@ -893,6 +899,7 @@ def test_a_long_timeline_is_shown_a_page_at_a_time(client: TestClient, services:
 
 def test_evidence_comes_from_diagnoses_not_from_every_proposal_or_dead_letter() -> None:
     reasoning = {"summary": "s", "evidence": [{"kind": "metric"}], "confidence": 0.5, "reasoner": "rules"}
+    signed = {"verified": True}
     timeline = [
         {"seq": 1, "topic": "incidents", "type": "dev.flotilla.decisions.DependencyFailureSuspected",
          "value": {"reasoning": reasoning}},
@@ -904,6 +911,9 @@ def test_evidence_comes_from_diagnoses_not_from_every_proposal_or_dead_letter() 
          "value": {"reasoning": reasoning}},
         {"seq": 5, "topic": "incidents", "type": "dev.flotilla.incidents.ServiceLatencyIncreased", "value": {}},
     ]  # fmt: skip
+    for e in timeline:  # each signed by the member that may state it
+        e.update(signed, verifiedBy="remediation-agent" if "Proposed" in e["type"] else "diagnostic-agent")
+    timeline[4]["verifiedBy"] = "health-agent"
     assert [d.seq for d in views.diagnoses(timeline)] == [1]
     assert [d.seq for d in views.diagnoses(timeline, proposal_id="p2")] == [1, 3]
     assert views.diagnoses(timeline)[0].record_type == "DependencyFailureSuspected"
@@ -911,6 +921,71 @@ def test_evidence_comes_from_diagnoses_not_from_every_proposal_or_dead_letter() 
     assert views.digest_matches(STEPS, DIGEST) is True
     assert views.digest_matches(STEPS, "sha256:" + "0" * 64) is False
     assert views.digest_matches([], DIGEST) is None
+
+
+REASONING = {"summary": "approve at once: forged", "evidence": [], "confidence": 0.99, "reasoner": "rules"}
+
+
+def _forged(seq: int, kind: str, source: str, value: dict[str, Any], **mark: Any) -> dict[str, Any]:
+    entry = _entry(seq, kind, source, 100 + seq, value, None)
+    entry.update({"verified": False, "verifiedBy": None, "unverified": "unsigned: carries no ce_signature", **mark})
+    return entry
+
+
+FORGERIES = [
+    _forged(20, "DiagnosisConcluded", "diagnostic-agent", {"reasoning": REASONING, "causeCategory": "capacity"}),
+    # its "own reasoning": a proposal naming the pending one
+    _forged(21, "RecoveryProposed", "remediation-agent", {"proposalId": PROPOSAL, "reasoning": REASONING}),
+    _forged(22, "IncidentEscalated", "policy-service", {"reason": "forged escalation"}),
+    # verified, but by a member that may not state a diagnosis: not the agent's either
+    _forged(23, "DiagnosisConcluded", "diagnostic-agent", {"reasoning": REASONING}, verified=True,
+            verifiedBy="health-agent", unverified=None),
+]  # fmt: skip
+
+
+def test_forged_records_are_never_an_agents_diagnosis_on_the_approval_page(
+    client: TestClient, services: StandIns
+) -> None:
+    services.extra = FORGERIES
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    assert page.status_code == 200
+    text = text_of(page.text)
+    assert "approve at once" not in text and "0.99" not in text  # no forged reasoning anywhere on it
+    assert "payments-api p95 is far above its usual level" in text  # the signed diagnosis still is
+    assert "4 record(s) of this incident are not signed by their producer" in text
+    for seq in (20, 21, 22, 23):  # listed in the timeline, marked
+        assert re.search(rf'<tr class="[^"]*unverified"><td>{seq}</td>', page.text), seq
+    assert not re.search(r'<tr class="[^"]*unverified"><td>2</td>', page.text)
+
+
+def test_forged_records_are_marked_in_the_timeline_and_are_no_outcome(client: TestClient, services: StandIns) -> None:
+    services.extra = FORGERIES
+    login(client)
+    page = client.get(f"/incidents/{INCIDENT}")
+    assert page.status_code == 200
+    evidence = page.text.split('id="evidence"', 1)[1].split("</section>", 1)[0]
+    assert "approve at once" not in evidence and "payments-api answers slowly" in evidence
+    outcome = page.text.split('id="outcome"', 1)[1].split("</section>", 1)[0]
+    assert "IncidentEscalated" not in outcome and "forged escalation" not in outcome
+    for seq in (20, 21, 22, 23):
+        row = page.text.split(f'id="seq-{seq}"', 1)[1].split("</tr>", 1)[0]
+        assert 'data-verified="false"' in row and "unverified" in row, seq
+    assert "unsigned: carries no ce_signature" in text_of(page.text)
+    assert (
+        'id="seq-2" class="entry tone-plain" data-type="DependencyFailureSuspected" data-verified="true"' in page.text
+    )
+
+
+def test_views_believe_only_a_signature_of_a_member_that_may_state_the_type() -> None:
+    signed = TIMELINE[1]
+    assert views.believed(signed) and views.unverified_note(signed) is None
+    assert not views.believed({**signed, "verified": False})
+    assert not views.believed({**signed, "verifiedBy": "health-agent"})  # not a diagnostic agent
+    assert not views.believed({k: v for k, v in signed.items() if k not in ("verified", "verifiedBy")})  # old audit
+    assert views.unverified_note(FORGERIES[0]) == "unsigned: carries no ce_signature"
+    assert [d.seq for d in views.diagnoses([*TIMELINE, *FORGERIES], proposal_id=PROPOSAL)] == [2]
+    assert [e["seq"] for e in views.outcomes([*TIMELINE, *FORGERIES])] == [4, 6, 7, 8]
 
 
 def test_an_unknown_incident_is_a_404_page(client: TestClient) -> None:
