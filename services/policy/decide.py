@@ -131,6 +131,10 @@ class ProposalFacts:
     steps: tuple[StepFacts, ...]
     # reasoning.reasoner ("rules", "llm"), covered by the attestation like the confidence
     reasoner: str | None = None
+    # reasoning.reasoner of the diagnosis the plan rests on, from the diagnostic agent's
+    # signed record this service verified (services/policy/basis.py), never the proposal's
+    # word. None: not known (facts stored before it was kept), which a guard reads as untrusted.
+    diagnosis_reasoner: str | None = None
 
     @property
     def services(self) -> int:
@@ -151,6 +155,7 @@ class ProposalFacts:
             "confidence": self.confidence,
             "steps": [s.to_json() for s in self.steps],
             "reasoner": self.reasoner,
+            "diagnosisReasoner": self.diagnosis_reasoner,
         }
 
     @classmethod
@@ -162,6 +167,7 @@ class ProposalFacts:
             confidence=float(data["confidence"]),
             steps=tuple(StepFacts.from_json(s) for s in data["steps"]),
             reasoner=None if data.get("reasoner") is None else str(data["reasoner"]),
+            diagnosis_reasoner=None if data.get("diagnosisReasoner") is None else str(data["diagnosisReasoner"]),
         )
 
 
@@ -368,6 +374,7 @@ class PolicyEngine:
                 "services": facts.services,
                 "confidencePct": facts.confidence_pct,
                 **({} if facts.reasoner is None else {"reasoner": facts.reasoner}),
+                **({} if facts.diagnosis_reasoner is None else {"diagnosisReasoner": facts.diagnosis_reasoner}),
             },
             "secondsToExpiry": (step.expires_at_ms - now_ms) // 1000,
             **{k: v for k, v in step.params.items() if k in KIND_FIELDS[step.kind]},
@@ -476,6 +483,8 @@ def _placeholders(facts: ProposalFacts, step: StepFacts) -> _Blank:
         planServices=str(facts.services),
         planSteps=str(len(facts.steps)),
         confidence=f"{facts.confidence:.2f}",
+        reasoner=facts.reasoner or "unknown",
+        diagnosisReasoner=facts.diagnosis_reasoner or "unknown",
     )
     for key, value in step.params.items():
         values[key] = str(value).lower() if isinstance(value, bool) else str(value)

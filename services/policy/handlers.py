@@ -92,14 +92,17 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
     except InvalidProposal as exc:
         raise BusinessRuleViolation(f"RecoveryProposed refused: {exc}") from exc
     # Then: what it was planned from must be facts this service verified itself.
-    problem = basis.unsupported(ctx.conn, proposal.incident_id, proposal.diagnosis_event_id)
-    if problem is not None:
+    try:
+        diagnosis = basis.verified_diagnosis(ctx.conn, proposal.incident_id, proposal.diagnosis_event_id)
+    except basis.Unsupported as exc:
+        problem = str(exc)
         UNSUPPORTED.inc()
         # The agent's own plan, refused: the incident has none now, so a person takes it
         # (reported once, even if the record is delivered again).
         reason = f"the remediation agent's plan {proposal.proposal_id} was refused: {problem}"
         report = Report(proposal.incident_id, escalation(proposal.incident_id, reason, cause=ctx.incoming.envelope))
-        raise RecordRefused(Reason.UNAUTHORIZED, f"RecoveryProposed {proposal.proposal_id} refused: {problem}", report)
+        refusal = f"RecoveryProposed {proposal.proposal_id} refused: {problem}"
+        raise RecordRefused(Reason.UNAUTHORIZED, refusal, report) from exc
 
     existing = store.get(ctx.conn, proposal.proposal_id)
     if existing is not None:
@@ -111,7 +114,8 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
         return
 
     now = svc.now()
-    facts = proposal.facts(runtime.inventory.current_replicas)
+    # The diagnosis' reasoner from its verified record: a plan is no more trusted than it.
+    facts = proposal.facts(runtime.inventory.current_replicas, diagnosis_reasoner=diagnosis.reasoner)
     decision = runtime.engine.decide(facts, epoch_ms(now))
     superseded = store.make_current(ctx.conn, proposal.incident_id, proposal.resources, proposal.proposal_id)
     if superseded:

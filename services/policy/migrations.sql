@@ -84,3 +84,9 @@ CREATE TABLE IF NOT EXISTS policy_verified_facts (
     seen_at     timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS policy_verified_facts_incident_idx ON policy_verified_facts (incident_id);
+
+-- The diagnosis' reasoning.reasoner, read from the verified record: the policy decides on
+-- a plan knowing which reasoner made the diagnosis it rests on (a rules plan on a model's
+-- diagnosis is no more trusted than the model). NULL for openings, and for diagnoses
+-- remembered before this column: the policies read an unknown reasoner as untrusted.
+ALTER TABLE policy_verified_facts ADD COLUMN IF NOT EXISTS reasoner text;

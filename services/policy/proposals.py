@@ -54,8 +54,13 @@ class Proposal:
     def earliest_expiry_ms(self) -> int:
         return min(int(step["expiresAt"]) for step in self.steps)
 
-    def facts(self, current_replicas: Callable[[Target], int | None]) -> ProposalFacts:
-        """The decision's inputs; ``current_replicas`` is asked once per scaled target."""
+    def facts(
+        self, current_replicas: Callable[[Target], int | None], *, diagnosis_reasoner: str | None = None
+    ) -> ProposalFacts:
+        """The decision's inputs; ``current_replicas`` is asked once per scaled target.
+        ``diagnosis_reasoner`` is the reasoner of the diagnosis the plan rests on, as the
+        caller verified it (services/policy/basis.py); None means unknown, which the
+        policies treat as untrusted, never as rules."""
         steps = []
         for kind, step in zip(self.kinds, self.steps, strict=True):
             t = step["target"]
@@ -77,6 +82,7 @@ class Proposal:
             confidence=self.confidence,
             steps=tuple(steps),
             reasoner=self.reasoner,
+            diagnosis_reasoner=diagnosis_reasoner,
         )
 
 

@@ -93,18 +93,26 @@ def diagnosis_of(incident: str) -> str:
     return str(uuid.uuid5(_DIAGNOSES, incident))
 
 
-def verified_basis(conn: psycopg.Connection[Any], incident: str) -> None:
+def verified_basis(conn: psycopg.Connection[Any], incident: str, *, diagnosis_reasoner: str | None = "rules") -> None:
     """Record, as the policy's loop would on seeing them signed, the health agent's opening
-    of ``incident`` and the diagnosis its test proposals name (services/policy/basis.py)."""
+    of ``incident`` and the diagnosis its test proposals name (services/policy/basis.py),
+    made by ``diagnosis_reasoner``."""
     rows = [  # an incident has several: the breach, the request for a diagnosis, alerts
-        (str(uuid.uuid4()), incident, ServiceLatencyIncreased.TYPE, "health-agent", "sha256:test"),
-        (str(uuid.uuid4()), incident, DiagnosisRequested.TYPE, "health-agent", "sha256:test"),
-        (str(uuid.uuid4()), incident, AlertObserved.TYPE, "health-agent", "sha256:test"),
-        (diagnosis_of(incident), incident, DiagnosisConcluded.TYPE, "diagnostic-agent", "sha256:test"),
+        (str(uuid.uuid4()), incident, ServiceLatencyIncreased.TYPE, "health-agent", "sha256:test", None),
+        (str(uuid.uuid4()), incident, DiagnosisRequested.TYPE, "health-agent", "sha256:test", None),
+        (str(uuid.uuid4()), incident, AlertObserved.TYPE, "health-agent", "sha256:test", None),
+        (
+            diagnosis_of(incident),
+            incident,
+            DiagnosisConcluded.TYPE,
+            "diagnostic-agent",
+            "sha256:test",
+            diagnosis_reasoner,
+        ),
     ]
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO policy_verified_facts (event_id, incident_id, record_type, producer, digest) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING",
+            "INSERT INTO policy_verified_facts (event_id, incident_id, record_type, producer, digest, reasoner) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING",
             rows,
         )

@@ -888,3 +888,71 @@ def test_a_step_whose_idempotency_key_is_not_its_own_is_refused(svc: ServiceCont
     with pytest.raises(BusinessRuleViolation, match="repeats idempotency key"):
         handle_directly(svc, runtime, doubled)
     assert outbox(svc, incident) == []
+
+
+def test_a_rules_plan_resting_on_a_model_diagnosis_waits_for_a_person_in_production(
+    stack: StackSettings, serde: AvroSerde, svc: ServiceContext, loop: ConsumerLoop, topic: str
+) -> None:
+    """Security review 3, H1: the diagnostic agent on a model, the remediation agent on
+    rules. The diagnostic agent's signed DiagnosisConcluded (reasoner llm, 0.99) goes through
+    the loop, which keeps its reasoner with the verified fact; the rules plan resting on it
+    (4 -> 8, within 2x, at 0.99: what auto-authorized before) goes to a person, and the
+    facts decided on say why. The proposal has no say in the diagnosis' reasoner."""
+    from flotilla_ops.samples import sample_value
+
+    from flotilla.contracts import load_contracts
+    from flotilla.records import DiagnosisConcluded
+
+    incident = f"incident-{uuid.uuid4().hex[:8]}"
+    with svc.pool.connection() as conn, conn.transaction():
+        WorkflowStore.save(conn, IncidentState(incident_id=incident, status=Status.DIAGNOSING, version=2, steps=2))
+        verified_basis(conn, incident)  # the health agent's opening (and a rules diagnosis the plan does not name)
+    diagnosis = Envelope(type=DiagnosisConcluded.TYPE, source="/flotilla/diagnostic-agent", correlationid=incident)
+    schema = next(c.schema for c in load_contracts() if c.full_name == DiagnosisConcluded.TYPE)
+    reasoning = {
+        "summary": "saturated: scale out",
+        "evidence": [],
+        "confidence": 0.99,
+        "reasoner": "llm",
+        "model": "m",
+        "tokenUsage": {"promptTokens": 1, "completionTokens": 1},
+    }
+    value = sample_value(
+        schema,
+        eventId=diagnosis.id,
+        incidentId=incident,
+        service="checkout-api",
+        environment="production",
+        causeCategory="capacity",
+        reasoning=reasoning,
+    )
+    payload = serde.serialize("incidents", DiagnosisConcluded.TYPE, value)
+    producer = ordered_producer(stack.kafka_bootstrap)
+    producer.produce(topic, key=incident, value=payload, headers=signed_headers(diagnosis, payload))
+    assert producer.flush(15) == 0
+    drain(loop, 1)
+    with svc.pool.connection() as conn:
+        kept = conn.execute("SELECT reasoner FROM policy_verified_facts WHERE event_id = %s", (diagnosis.id,))
+        assert kept.fetchone() == ("llm",)
+
+    planned = scale_proposal(incident, replicas=8)
+    planned["reasoning"]["confidence"] = 0.99
+    planned["diagnosisEventId"] = diagnosis.id  # what the agent planned from (attested)
+    produce(stack, serde, topic, [planned])
+    drain(loop, 1)
+
+    rows = outbox(svc, incident)
+    assert [r.type for r in rows] == [HumanApprovalRequired.TYPE]  # no approval, no command
+    assert rows[0].value["policyIds"] == ["model-plan-in-production-needs-human"]
+    assert "diagnosis: llm" in rows[0].value["reasons"][0]
+    with svc.pool.connection() as conn:
+        facts = conn.execute("SELECT facts FROM policy_proposals WHERE proposal_id = %s", (planned["proposalId"],))
+        stored = facts.fetchone()
+    assert stored is not None and (stored[0]["reasoner"], stored[0]["diagnosisReasoner"]) == ("rules", "llm")
+
+    # the control: the same plan resting on the rules diagnosis is authorized with no person
+    control = scale_proposal(new_incident(svc), replicas=8)
+    control["reasoning"]["confidence"] = 0.99
+    produce(stack, serde, topic, [control])
+    drain(loop, 1)
+    assert [r.type for r in outbox(svc, control["incidentId"]) if r.topic == "incidents"] == [RecoveryApproved.TYPE]

@@ -232,6 +232,9 @@ CASES = [
 ]
 
 
+RULES = {"reasoner": "rules", "diagnosis_reasoner": "rules"}
+
+
 def facts_for(case: Case) -> ProposalFacts:
     steps = tuple(
         StepFacts(
@@ -244,7 +247,8 @@ def facts_for(case: Case) -> ProposalFacts:
         )
         for i in range(case.services)
     )
-    return ProposalFacts("incident-204", "proposal-1", case.proposer, case.confidence, steps)
+    # the table is about rules plans resting on rules diagnoses; the reasoners' cases are below
+    return ProposalFacts("incident-204", "proposal-1", case.proposer, case.confidence, steps, **RULES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -276,7 +280,7 @@ def test_a_plan_is_as_strict_as_its_strictest_step(engine: PolicyEngine) -> None
         StepFacts("b", SCALE, target, {"replicas": 12}, LATER_MS, current_replicas=4),
         StepFacts("c", SCALE, target, {"replicas": 8}, LATER_MS, current_replicas=4),
     )
-    decision = engine.decide(ProposalFacts("i", "p", AGENT, 0.9, steps), NOW_MS)
+    decision = engine.decide(ProposalFacts("i", "p", AGENT, 0.9, steps, **RULES), NOW_MS)
     assert decision.outcome is Outcome.HUMAN
     assert [s.outcome for s in decision.steps] == [Outcome.AUTO, Outcome.HUMAN, Outcome.AUTO]
     # the reasons are those of the deciding step only
@@ -284,7 +288,9 @@ def test_a_plan_is_as_strict_as_its_strictest_step(engine: PolicyEngine) -> None
     assert decision.denied_command_id is None
 
     denied = engine.decide(
-        ProposalFacts("i", "p", AGENT, 0.9, (*steps, StepFacts("d", SCALE, target, {"replicas": 50}, LATER_MS, 4))),
+        ProposalFacts(
+            "i", "p", AGENT, 0.9, (*steps, StepFacts("d", SCALE, target, {"replicas": 50}, LATER_MS, 4)), **RULES
+        ),
         NOW_MS,
     )
     assert denied.outcome is Outcome.DENY
@@ -350,6 +356,7 @@ def ask_cedar(
     params: dict[str, Any],
     *,
     reasoner: str,
+    diagnosis_reasoner: str = "rules",
     environment: str = "production",
     confidence_pct: int = 100,
     current: int | None = None,
@@ -361,7 +368,13 @@ def ask_cedar(
     def ask(human: bool) -> tuple[bool, list[str]]:
         context: dict[str, Any] = {
             "humanApproved": human,
-            "plan": {"steps": 1, "services": 1, "confidencePct": confidence_pct, "reasoner": reasoner},
+            "plan": {
+                "steps": 1,
+                "services": 1,
+                "confidencePct": confidence_pct,
+                "reasoner": reasoner,
+                "diagnosisReasoner": diagnosis_reasoner,
+            },
             "secondsToExpiry": 900,
             **params,
         }
@@ -420,11 +433,72 @@ def test_the_model_guard_is_about_production_and_never_lifts_a_limit(engine: Pol
 
 def test_a_production_proposal_from_a_model_needs_a_person_whatever_its_confidence(engine: PolicyEngine) -> None:
     step = StepFacts("a", SCALE, Target("service", "production", "checkout-api"), {"replicas": 8}, LATER_MS, 4)
-    facts = ProposalFacts("i", "p", AGENT, 1.0, (step,), reasoner="llm")
+    facts = ProposalFacts("i", "p", AGENT, 1.0, (step,), reasoner="llm", diagnosis_reasoner="rules")
     decision = engine.decide(facts, NOW_MS)
     assert decision.outcome is Outcome.HUMAN
     assert decision.policy_ids == [MODEL_GUARD]
     assert engine.decide(facts, NOW_MS, human_approved=True).outcome is Outcome.AUTO
+
+
+# ---------------------------------- a plan is no more trusted than its diagnosis
+# Security review 3, H1: the diagnostic agent on a model, the remediation agent on rules.
+# The rules plan (4 -> 8, within 2x) rests on the model's diagnosis: whatever the plan's
+# confidence, Cedar sees the diagnosis' reasoner (the policy service reads it from the
+# verified diagnosis record) and a person decides in production.
+
+
+def mixed(environment: str, diagnosis_reasoner: str | None, *, reasoner: str | None = "rules") -> ProposalFacts:
+    step = StepFacts("a", SCALE, Target("service", environment, "checkout-api"), {"replicas": 8}, LATER_MS, 4)
+    return ProposalFacts("i", "p", AGENT, 0.99, (step,), reasoner=reasoner, diagnosis_reasoner=diagnosis_reasoner)
+
+
+@pytest.mark.parametrize("diagnosis_reasoner", ["llm", "some-future-model"])
+def test_a_rules_plan_on_a_model_diagnosis_needs_a_person_in_production(
+    engine: PolicyEngine, diagnosis_reasoner: str
+) -> None:
+    assert engine.decide(mixed("production", "rules"), NOW_MS).outcome is Outcome.AUTO  # the control
+    decision = engine.decide(mixed("production", diagnosis_reasoner), NOW_MS)
+    assert (decision.outcome, decision.policy_ids) == (Outcome.HUMAN, [MODEL_GUARD])
+    assert decision.reasons == [
+        f"a production change to production/checkout-api rests on a model's word (plan: rules, diagnosis: "
+        f"{diagnosis_reasoner}), which text in its inputs can steer: a person decides"
+    ]
+    # a person may still approve it, and the guard is the only thing in the way
+    assert engine.decide(mixed("production", diagnosis_reasoner), NOW_MS, human_approved=True).outcome is Outcome.AUTO
+    # asked of Cedar directly, the way the service asks
+    assert ask_cedar(engine, SCALE, {"replicas": 8}, reasoner="rules", diagnosis_reasoner="llm", current=4) == (
+        Outcome.HUMAN,
+        [MODEL_GUARD],
+    )
+
+
+@pytest.mark.parametrize("environment", ["dev", "staging"])
+def test_the_diagnosis_reasoner_changes_nothing_outside_production(engine: PolicyEngine, environment: str) -> None:
+    """The guard is about production, as the policies say: dev and staging keep their rules."""
+    assert engine.decide(mixed(environment, "llm"), NOW_MS).outcome is Outcome.AUTO
+    assert engine.decide(mixed(environment, None, reasoner=None), NOW_MS).outcome is Outcome.AUTO
+
+
+@pytest.mark.parametrize(
+    ("reasoner", "diagnosis_reasoner"),
+    [("rules", None), (None, "rules"), (None, None), ("RULES", "rules"), ("rules", "")],
+    ids=["no diagnosis reasoner", "no plan reasoner", "neither", "another spelling", "empty"],
+)
+def test_an_unknown_reasoner_counts_as_a_model_in_production(
+    engine: PolicyEngine, reasoner: str | None, diagnosis_reasoner: str | None
+) -> None:
+    """Fail closed: a reasoner the policy cannot name as ``rules`` is not trusted as rules."""
+    decision = engine.decide(mixed("production", diagnosis_reasoner, reasoner=reasoner), NOW_MS)
+    assert (decision.outcome, decision.policy_ids) == (Outcome.HUMAN, [MODEL_GUARD])
+
+
+def test_the_diagnosis_reasoner_is_kept_with_the_facts() -> None:
+    """The facts are stored with the decision and read back at approval."""
+    facts = mixed("production", "llm")
+    assert facts.to_json()["diagnosisReasoner"] == "llm"
+    assert ProposalFacts.from_json(facts.to_json()) == facts
+    older = {k: v for k, v in facts.to_json().items() if k != "diagnosisReasoner"}  # stored before the field
+    assert ProposalFacts.from_json(older).diagnosis_reasoner is None
 
 
 # --------------------------------------------------------------------- people
