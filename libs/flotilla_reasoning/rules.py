@@ -18,6 +18,16 @@ bring utilization back to the target (0.75 leaves a quarter of headroom). In the
 checkout-api runs 4 replicas at utilization 2.125 while payments-api is slow:
 ``ceil(4 × 2.125 / 0.75) = 12``. Where the source does not report utilization, the p95
 over the threshold stands in for it (cruder, and said so in the evidence).
+
+**A plan's confidence is measured, never borrowed.** A plan made from the rules' own
+diagnosis keeps that diagnosis' confidence (the diagnostic agent computed it from the
+measurements, baselines included). A diagnosis from any other reasoner (a model's) is the
+model's word, and text in its inputs can set it, so the plan does not take its number:
+the rules read the same evidence again and the plan rests on *their* confidence in the
+same conclusion (none, when their measurements do not reach it), said so in the plan's
+evidence. The policy still sees that the plan rests on a model (``diagnosisReasoner``).
+A service within its threshold gets no scale-out or failover: there is no shortage to
+restore, whatever the diagnosis says.
 """
 
 from __future__ import annotations
@@ -182,6 +192,12 @@ def _breach_seen(topology: Topology, service: ServiceView, evidence: DiagnosticE
         return True
     series = topology.history.get(service.name) or ()
     return any(at >= evidence.requested_at and value > service.threshold_ms for at, value in series)
+
+
+def _describe(diagnosis: Diagnosis) -> str:
+    """``dependency-failure(payments-api)``, ``concluded(capacity)``: a verdict and what it names."""
+    detail = diagnosis.suspected_dependency or diagnosis.cause_category or diagnosis.job_kind
+    return f"{diagnosis.verdict.value}({detail})" if detail else diagnosis.verdict.value
 
 
 def _clamp(confidence: float) -> float:
@@ -361,7 +377,17 @@ class RulesReasoner:
                 "(no p95 or no latency threshold for it)",
                 reasoner=NAME,
             )
+        if not service.degraded and (
+            diagnosis.verdict is Verdict.DEPENDENCY_FAILURE or diagnosis.cause_category == "capacity"
+        ):
+            raise ReasoningFailed(
+                f"{service.name} is within its threshold ({service.p95_ms:.0f} ms against "
+                f"{service.threshold_ms:.0f} ms): there is no shortage to scale out of or fail over from, "
+                "so no action; a person decides",
+                reasoner=NAME,
+            )
         seen = _service_evidence(topology, service)
+        basis = self._basis(diagnosis, topology, seen)
         factor = 1.0
         if diagnosis.verdict is Verdict.DEPENDENCY_FAILURE and diagnosis.suspected_dependency:
             steps, factor, summary = self._dependency_plan(service, diagnosis.suspected_dependency, topology, seen)
@@ -387,10 +413,51 @@ class RulesReasoner:
         reasoning = Reasoning(
             f"{summary} Diagnosis: {diagnosis.reasoning.summary}",
             (*seen, *diagnosis.reasoning.evidence),
-            _clamp(diagnosis.reasoning.confidence * factor),
+            _clamp(basis * factor),
             NAME,
         )
         return Proposal(diagnosis.incident_id, diagnosis.event_id, tuple(steps), reasoning)
+
+    def _basis(self, diagnosis: Diagnosis, topology: Topology, seen: list[EvidenceItem]) -> float:
+        """The confidence the plan rests on: the rules' own diagnosis' as it is; for another
+        reasoner's, the rules' confidence in the same conclusion from this evidence (0 when
+        their reading does not reach it), noted in ``seen``. Never the other reasoner's number."""
+        if diagnosis.reasoning.reasoner == NAME:
+            return diagnosis.reasoning.confidence
+        reread = self.diagnose(
+            DiagnosticEvidence(
+                incident_id=diagnosis.incident_id,
+                service=diagnosis.service,
+                environment=diagnosis.environment or "",
+                symptom="latency",
+                topology=topology,
+                may_request_more=False,  # conclude from what is here: this is a check, not a request
+            )
+        )
+        agrees = reread.verdict is diagnosis.verdict and (
+            reread.suspected_dependency == diagnosis.suspected_dependency
+            if diagnosis.verdict is Verdict.DEPENDENCY_FAILURE
+            else reread.cause_category == diagnosis.cause_category
+        )
+        confidence = reread.reasoning.confidence if agrees else 0.0
+        theirs = _describe(diagnosis)
+        seen.append(
+            EvidenceItem(
+                kind="confidence-basis",
+                source=f"rules reasoner: the evidence of {topology.source} read again",
+                description=(
+                    f"the diagnosis ({theirs}) came from the {diagnosis.reasoning.reasoner} reasoner at confidence "
+                    f"{diagnosis.reasoning.confidence:.2f}, which this plan does not take; the rules "
+                    + (
+                        f"reach the same conclusion at {confidence:.2f}"
+                        if agrees
+                        else f"conclude {_describe(reread)} instead, so the plan rests on no measured confidence"
+                    )
+                ),
+                observed_value=f"{confidence:.3f}",
+            )
+        )
+        return confidence
 
     def _dependency_plan(
         self, service: ServiceView, dependency: str, topology: Topology, seen: list[EvidenceItem]
@@ -443,6 +510,8 @@ class RulesReasoner:
             model = (
                 f"no pool utilization reported; {service.replicas} replicas x p95/threshold {overload:.2f} = {wanted}"
             )
+        # A degraded service (propose() plans none for a healthy one) gets one replica more
+        # at least, even where the pool model says it has enough.
         wanted = max(wanted, service.replicas + 1)
         replicas = min(wanted, self.config.max_replicas)
         seen.append(
