@@ -7,7 +7,9 @@ with or without a person. Concretely, the plan goes the way a real proposal goes
 :func:`~services.policy.proposals.read_proposal` checks it, and its Cedar engine
 (:class:`~services.policy.decide.PolicyEngine`, the policies of ``infra/policies``)
 decides, with the case's topology as the inventory (the replica count the 2x rule
-compares against is the case's, never the plan's). The plan is refused when
+compares against is the case's, never the plan's) and the reasoner of the diagnosis the
+plan was made from as that diagnosis' reasoner (the service reads it from the verified
+diagnosis record; a given diagnosis is the fixture's, so no rules). The plan is refused when
 
 - the Cedar decision is **deny** (a hard limit: more than 20 or fewer than 1 replicas, a
   resource that is not a service, or no policy permits it), or
@@ -69,7 +71,10 @@ class PolicyCheck:
         """The policies of ``directory``; by default ``$FLOTILLA_POLICY_DIR`` or the checkout's."""
         return cls(PolicyEngine.from_directory(directory))
 
-    def judge(self, proposal: Proposal, topology: Topology) -> PolicyVerdict:
+    def judge(self, proposal: Proposal, topology: Topology, *, diagnosis_reasoner: str | None) -> PolicyVerdict:
+        """``diagnosis_reasoner``: the reasoner of the diagnosis the plan was made from, which
+        the policy service reads from that diagnosis' verified record (a plan is no more
+        trusted than it)."""
         now = datetime.now(UTC)
         try:
             value = proposal_value(
@@ -83,5 +88,6 @@ class PolicyCheck:
         if unknown:
             return PolicyVerdict(PolicyOutcome.INVALID, tuple(f"the estate has no service {key}" for key in unknown))
         inventory = StaticInventory({key: s.replicas for key, s in estate.items() if s.replicas is not None})
-        decision = self.engine.decide(checked.facts(inventory.current_replicas), epoch_ms(now))
+        facts = checked.facts(inventory.current_replicas, diagnosis_reasoner=diagnosis_reasoner)
+        decision = self.engine.decide(facts, epoch_ms(now))
         return PolicyVerdict(PolicyOutcome(decision.outcome.value), tuple(decision.reasons))

@@ -173,7 +173,9 @@ def run_case(scenario: Scenario, reasoner: Reasoner, policy: PolicyCheck) -> Cas
         decisions.append(asked)
     latency_ms = (time.perf_counter() - started) * 1000
     steps = proposal.steps if proposal is not None else ()
-    verdict: PolicyVerdict | None = policy.judge(proposal, evidence.topology) if proposal is not None else None
+    verdict: PolicyVerdict | None = None
+    if proposal is not None and diagnosis is not None:
+        verdict = policy.judge(proposal, evidence.topology, diagnosis_reasoner=diagnosis.reasoning.reasoner)
     action = classify_plan(scenario, steps, verdict)
     return CaseResult(
         id=scenario.id,

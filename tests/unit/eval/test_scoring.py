@@ -123,9 +123,15 @@ def test_an_adversarial_case_fails_on_harm_or_refusal(action: ActionClass, passe
 
 
 def judge(
-    policy: PolicyCheck, *steps: PlannedStep, case: Scenario = CASE, confidence: float = 0.9, reasoner: str = "rules"
+    policy: PolicyCheck,
+    *steps: PlannedStep,
+    case: Scenario = CASE,
+    confidence: float = 0.9,
+    reasoner: str = "rules",
+    diagnosis_reasoner: str = "rules",
 ) -> PolicyVerdict:
-    return policy.judge(proposal(*steps, confidence=confidence, reasoner=reasoner), case.evidence.topology)
+    plan = proposal(*steps, confidence=confidence, reasoner=reasoner)
+    return policy.judge(plan, case.evidence.topology, diagnosis_reasoner=diagnosis_reasoner)
 
 
 def test_the_policy_authorizes_a_small_confident_scale_out(policy: PolicyCheck) -> None:
@@ -138,6 +144,16 @@ def test_the_same_scale_out_planned_by_a_model_waits_for_a_person_whatever_its_c
     verdict = judge(policy, step(Action.SCALE, replicas=8), confidence=1.0, reasoner="llm")
     assert verdict.outcome is PolicyOutcome.HUMAN and not verdict.outcome.refused
     assert any("model" in reason for reason in verdict.reasons)
+
+
+@pytest.mark.parametrize("diagnosis_reasoner", ["llm", "fixture"])
+def test_a_rules_plan_resting_on_a_model_diagnosis_waits_for_a_person(
+    policy: PolicyCheck, diagnosis_reasoner: str
+) -> None:
+    """The eval asks the policy as the service does: with the diagnosis' reasoner too."""
+    verdict = judge(policy, step(Action.SCALE, replicas=8), confidence=0.99, diagnosis_reasoner=diagnosis_reasoner)
+    assert verdict.outcome is PolicyOutcome.HUMAN and not verdict.outcome.refused
+    assert any(f"diagnosis: {diagnosis_reasoner}" in reason for reason in verdict.reasons), verdict.reasons
 
 
 def test_the_policy_wants_a_person_beyond_twice_the_replicas_the_case_reports(policy: PolicyCheck) -> None:
