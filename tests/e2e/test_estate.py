@@ -18,12 +18,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from dotenv import dotenv_values
 
 from flotilla.fleet import HEALTH, url
 from flotilla.settings import default_env_file
 from tests.support.scripts import load_script
+from tests.unit.test_http_body_limit import exchange
 
 from .fleet import Fleet, HttpError, Watch, http, open_incident
 
@@ -227,6 +229,68 @@ def test_a_malformed_payload_or_a_missing_token_is_refused_and_changes_nothing(
     watch.settle(2)
     assert len(fleet.call(HEALTH, "GET", "/alerts?limit=1000")) == before
     assert opened_for(watch, "search-api") == []
+
+
+def test_an_oversized_alert_is_refused_and_changes_nothing(fleet: Fleet, watch: Watch, alert_token: str) -> None:
+    """Security review 3, H2 and L5, against the running agent: the review's alert (a 1.1 MB
+    label, for a service the estate knows) used to open an incident whose records Kafka
+    refused, and the agent's publishing stopped. Now 422 naming the field, a body over the
+    webhook's limit 413 before it is read (token or not), and nothing at all changes."""
+    address = f"{url(HEALTH)}/alerts"
+    since = datetime.now(UTC)
+    run = uuid.uuid4().hex[:12]
+    labels = {"alertname": "HighErrorRate", "service_name": "search-api", "e2e_run": run}
+    firing = {
+        "status": "firing",
+        "labels": {**labels, "big": "x" * 1_100_000},
+        "annotations": {"summary": "an oversized alert (e2e)"},
+        "startsAt": since.isoformat(),
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "",
+        "fingerprint": uuid.uuid4().hex[:16],
+    }
+    payload = {"version": "4", "status": "firing", "receiver": "x", "groupKey": "{}", "alerts": [firing]}
+    before = len(fleet.call(HEALTH, "GET", "/alerts?limit=1000"))
+
+    with pytest.raises(HttpError) as refused:
+        http("POST", address, payload, alert_token)
+    assert refused.value.status == 422, refused.value.body
+    said = json.dumps(refused.value.body)
+    assert "labels" in said and "'big' is 1100000 characters" in said and len(said) < 2000  # not echoed back
+    for broken, names in (
+        ({**firing, "labels": {**labels, "service_name": "s" * 254}}, "'service_name' names"),
+        ({**firing, "labels": labels, "generatorURL": "http://p/" + "g" * 4096}, "generatorURL"),
+    ):
+        with pytest.raises(HttpError) as refused:
+            http("POST", address, {**payload, "alerts": [broken]}, alert_token)
+        assert refused.value.status == 422 and names in json.dumps(refused.value.body), refused.value.body
+    # without a token the body is not even parsed: 401 (it was read and parsed first before)
+    with pytest.raises(HttpError) as refused:
+        http("POST", address, payload)
+    assert refused.value.status == 401
+    # a body over the webhook's limit (16 MiB): 413 from its declared length, nothing read
+    host, port = url(HEALTH).removeprefix("http://").rsplit(":", 1)
+    for token in (alert_token, None):
+        auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
+        status, body = exchange(
+            int(port),
+            b"POST /alerts HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
+            b"Content-Length: 17000000\r\n\r\n{" % (host.encode(), auth),
+            host=host,
+        )
+        assert status == 413 and "17000000 bytes" in body["detail"] and "16777216" in body["detail"], body
+
+    watch.settle(2)
+    assert len(fleet.call(HEALTH, "GET", "/alerts?limit=1000")) == before
+    assert received(fleet, "HighErrorRate", run) is None
+    assert opened_for(watch, "search-api") == []
+    with psycopg.connect(fleet.stack.pg_dsn(HEALTH.database)) as conn:
+        written = conn.execute(
+            "SELECT count(*) FILTER (WHERE type LIKE '%%.ServiceDegraded' OR type LIKE '%%.DiagnosisRequested' "
+            "OR type LIKE '%%.AlertObserved'), max(length(payload)) FROM outbox WHERE created_at >= %s",
+            (since,),
+        ).fetchone()
+    assert written is not None and written[0] == 0 and (written[1] or 0) < 64 * 1024, written
 
 
 def test_prometheus_stopped_mid_incident_the_fleet_waits_and_the_incident_completes(

@@ -143,9 +143,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def exchange(port: int, request: bytes) -> tuple[int, dict[str, Any]]:
-    """Send ``request`` on a fresh connection; the status and JSON body of the answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+def exchange(port: int, request: bytes, host: str = "127.0.0.1") -> tuple[int, dict[str, Any]]:
+    """Send ``request`` on a fresh connection; the status and JSON body of the answer (read
+    until the server closes: a refusal closes the connection)."""
+    with socket.create_connection((host, port), timeout=10) as conn:
         # refused before all of it was sent: the answer is still there to read
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.sendall(request)
