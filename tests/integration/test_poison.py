@@ -23,12 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flotilla.envelope import Envelope
+from flotilla.provenance import Provenance
 from flotilla.registry import registry_client
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
 from services.audit.chain import Signer
 from services.audit.recorder import Recorder
 from tests.integration.kafka_wait import fresh_topic
+from tests.keys import producer_keys
 from tests.support.databases import migrated_database
 from tests.support.messages import FakeMessage
 
@@ -105,7 +107,7 @@ def test_fuzzed_framings_with_registered_ids_of_every_kind_never_crash_decoding(
     loop, pool = build_loop(stack, topic="incidents", database="flotilla", group=f"it-poison-fuzz-{RUN}")
     pool.close()
     fresh = AvroSerde(registry_client(stack.schema_registry_url))  # nothing cached from writing
-    recorder = Recorder(fresh, Signer(Ed25519PrivateKey.generate()))
+    recorder = Recorder(fresh, Signer(Ed25519PrivateKey.generate()), Provenance.parse(producer_keys()))
     good_payload, good_env = latency_fact(f"incident-{RUN}")
     good = serde.serialize("incidents", SERVICE_LATENCY_INCREASED, good_payload)
     ids = [*poison_ids.values(), struct.unpack(">I", good[1:5])[0]]
@@ -125,6 +127,7 @@ def test_fuzzed_framings_with_registered_ids_of_every_kind_never_crash_decoding(
         outcomes[kind] = outcomes.get(kind, 0) + 1
         entry = recorder.entry(msg, 1, datetime.now(UTC))  # must not raise either
         assert (entry.decode_error is None) == (entry.record_type is not None)
+        assert entry.verified_by is None and entry.unverified is not None  # nobody signed it
 
     decode()
     assert any(k.startswith("dead-letter:undecodable") for k in outcomes), outcomes
