@@ -7,6 +7,11 @@ union of their scopes; each reader keeps the series of its own scope (the caller
 A lone reader waits for nobody, so an idle agent asks exactly as before; under load
 Prometheus evaluates one query per kind per round instead of one per incident (group
 commit, applied to reads).
+
+What one reader adds to a request is screened first (``askable``): a scope element no
+request can carry (a name from telemetry that cannot be a label value) would fail the
+request, and with it every reader that joined it. It is left out; a reader with nothing
+left fails alone, before joining.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ class _Batch(Generic[S, T]):
 class Coalescer(Generic[S, T]):
     """Merges concurrent :meth:`read` calls of the same key; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, askable: Callable[[frozenset[S]], frozenset[S]] | None = None) -> None:
+        # the part of a read's scope that may join a request; raises for that reader alone
+        self._askable = askable
         self._lock = threading.Lock()
         self._open: dict[Hashable, _Batch[S, T]] = {}  # the batch a new read of a key joins
         self._asking: dict[Hashable, threading.Lock] = {}  # held while a key's batch is asked
@@ -41,7 +48,10 @@ class Coalescer(Generic[S, T]):
     def read(self, key: Hashable, scope: frozenset[S], ask: Callable[[frozenset[S]], list[T]]) -> list[T]:
         """The answer to ``ask(union of the batch's scopes)``: the batch this read joins, or
         a new one it asks once the key's previous request has returned (``ask`` of the read
-        that opened the batch is the one called). Raises what that call raised."""
+        that opened the batch is the one called). Raises what that call raised, or what
+        ``askable`` raised for this read's scope (then for this read only)."""
+        if self._askable is not None:
+            scope = self._askable(scope)
         with self._lock:
             self.reads += 1
             batch = self._open.get(key)

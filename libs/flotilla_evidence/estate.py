@@ -37,7 +37,7 @@ from flotilla_evidence.catalogue import Catalogue
 from flotilla_evidence.coalesce import Coalescer
 from flotilla_evidence.model import Series, ServiceView, Topology
 from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
-from flotilla_evidence.queries import Labels, Queries
+from flotilla_evidence.queries import Labels, Queries, askable_scope
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,10 @@ class PrometheusEvidence:
         # A snapshot's readings at once (one per query it asks), for several snapshots at
         # once (an agent's worker threads); threads are made as needed and idle otherwise.
         self._threads = ThreadPoolExecutor(max_workers=SNAPSHOT_THREADS, thread_name_prefix="evidence")
-        # Concurrent snapshots' reads of one query merged into one request (coalesce.py).
-        self._readings: Coalescer[tuple[str, str], Reading] = Coalescer()
-        self._series: Coalescer[tuple[str, str], RangeSeries] = Coalescer()
+        # Concurrent snapshots' reads of one query merged into one request (coalesce.py);
+        # a name no request can carry is left out of it (queries.askable_scope).
+        self._readings: Coalescer[tuple[str, str], Reading] = Coalescer(askable_scope)
+        self._series: Coalescer[tuple[str, str], RangeSeries] = Coalescer(askable_scope)
         self._warned: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------- readings

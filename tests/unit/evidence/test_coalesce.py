@@ -118,3 +118,32 @@ def test_every_read_gets_an_answer_that_covers_its_scope(readers: int) -> None:
     assert len(results) == readers
     for n, answer in results:  # type: ignore[misc]
         assert f"s{n}" in answer
+
+
+def test_what_cannot_be_asked_is_left_out_and_a_read_of_nothing_else_fails_alone() -> None:
+    """One bad scope element (a name no request can carry) used to fail the merged request
+    and every reader of it; now it never joins."""
+
+    def askable(scope: frozenset[str]) -> frozenset[str]:
+        kept = frozenset(n for n in scope if not n.startswith("bad"))
+        if not kept:
+            raise LookupError(f"nothing askable in {sorted(scope)}")
+        return kept
+
+    coalescer: Coalescer[str, str] = Coalescer(askable)
+    ask = Asked(hold_first=True)
+    results: list[object] = []
+    first = in_thread(lambda: coalescer.read("p95", frozenset({"a"}), ask), results)
+    assert ask.started.wait(5)
+    later = [
+        in_thread(lambda s=s: coalescer.read("p95", frozenset(s), ask), results)
+        for s in ({"b", "bad-1"}, {"bad-2"}, {"c"})
+    ]
+    wait_for(lambda: len(results) == 1)  # the read of nothing askable failed at once, alone
+    assert isinstance(results[0], LookupError) and "bad-2" in str(results[0])
+    wait_for(lambda: coalescer.reads == 3)
+    ask.release.set()
+    for thread in (first, *later):
+        thread.join(5)
+    assert ask.unions == [frozenset({"a"}), frozenset({"b", "c"})]
+    assert sorted(map(str, results[1:])) == sorted(map(str, [["a"], ["b", "c"], ["b", "c"]]))
