@@ -68,6 +68,10 @@ class EvidenceSettings(ServiceSettings):
     promql_replicas: str | None = None
     promql_versions: str | None = None
     promql_utilization: str | None = None
+    # The scrape jobs whose series every default query believes (comma-separated; each
+    # selector gets job=~"<them>"). Empty: every series carrying a service's labels counts,
+    # whoever wrote it (docs/operations/estate.md, "Which series are believed").
+    prometheus_trusted_jobs: Annotated[tuple[str, ...], NoDecode] = ()
     # Result labels, when an estate's differ from OpenTelemetry's names.
     prometheus_service_label: str = "service_name"
     prometheus_environment_label: str = "deployment_environment_name"
@@ -94,6 +98,13 @@ class EvidenceSettings(ServiceSettings):
             return json.loads(value) if value.strip() else {}
         return value
 
+    @field_validator("prometheus_trusted_jobs", mode="before")
+    @classmethod
+    def _job_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(job.strip() for job in value.split(",") if job.strip())
+        return value
+
     @field_validator("promql_window")
     @classmethod
     def _duration(cls, value: str) -> str:
@@ -107,7 +118,7 @@ class EvidenceSettings(ServiceSettings):
 
     def promql_queries(self) -> Queries:
         overrides = {name: getattr(self, f"promql_{name}") for name in DEFAULTS}
-        return Queries.with_overrides(overrides, self.promql_window)
+        return Queries.with_overrides(overrides, self.promql_window, self.prometheus_trusted_jobs)
 
     def prometheus_client(self) -> PrometheusClient:
         password = _secret(self.prometheus_password, self.prometheus_password_file, "FLOTILLA_PROMETHEUS_PASSWORD")
