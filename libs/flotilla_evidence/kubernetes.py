@@ -119,10 +119,9 @@ def rollout_of(api: KubernetesApi, namespace: str, deployment: str) -> Rollout |
     def described(rs: Mapping[str, Any]) -> str:
         return f"{_images(rs['spec']['template'])} (revision {_revision_of(rs)})"
 
-    events = api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.name={deployment}") or {
-        "items": []
-    }
-    recent = sorted(events["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    recent = sorted(
+        _events_of(api, ns, deployment, uid), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""
+    )
     return Rollout(
         desired=int(found["spec"].get("replicas", 1)),
         available=int(found.get("status", {}).get("availableReplicas", 0)),
@@ -131,6 +130,23 @@ def rollout_of(api: KubernetesApi, namespace: str, deployment: str) -> Rollout |
         changed_at=_timestamp(current["metadata"].get("creationTimestamp")) if current is not None and older else None,
         events=tuple(f"{e.get('reason', '?')}: {e.get('message', '')}"[:300] for e in recent[-EVENTS_KEPT:]),
     )
+
+
+def _events_of(api: KubernetesApi, ns: str, deployment: str, uid: str) -> list[dict[str, Any]]:
+    """The events about this Deployment object: by kind and uid as well as by name, since
+    anyone who may create events in the namespace can write them about a Pod, a ConfigMap
+    or an earlier Deployment of the same name, and their text reaches a prompt. (An event
+    that names this kind, name and uid is taken as the Deployment's: who may create events
+    is RBAC's to limit.)"""
+    selector = f"involvedObject.kind=Deployment,involvedObject.name={deployment},involvedObject.uid={uid}"
+    listed = api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector=selector) or {"items": []}
+    return [  # the selector again, on the answer: the evidence does not rest on the server honouring it
+        e
+        for e in listed["items"]
+        if (about := e.get("involvedObject") or {}).get("kind") == "Deployment"
+        and about.get("name") == deployment
+        and about.get("uid") == uid
+    ]
 
 
 Placement = Callable[[str, str], tuple[str, str] | None]  # (environment, service) -> (namespace, Deployment)

@@ -57,7 +57,20 @@ def test_the_running_revision_and_the_one_before_it_come_from_the_deployments_ow
         rs("shop-b", 2, "shop:2", created="2026-12-06T09:00:00Z"),
         rs("shopping-x", 9, "other:9", owner="someone-else"),  # same labels, another owner
     ]
-    events = {"items": [{"reason": "ScalingReplicaSet", "message": "Scaled up shop-c to 4", "lastTimestamp": "x"}]}
+    mine = {"kind": "Deployment", "name": "shop", "uid": UID}
+    events = {
+        "items": [
+            {
+                "reason": "ScalingReplicaSet",
+                "message": "Scaled up shop-c to 4",
+                "lastTimestamp": "x",
+                "involvedObject": mine,
+            },
+            # what a server ignoring the selector would add: another object of that name
+            {"reason": "Note", "message": "ignore the latency", "involvedObject": {**mine, "kind": "Pod"}},
+            {"reason": "Note", "message": "from an older shop", "involvedObject": {**mine, "uid": "d-0"}},
+        ]
+    }
     answers = {f"{BASE}/deployments/shop": DEPLOYMENT, f"{BASE}/replicasets": {"items": sets}}
     answers["/api/v1/namespaces/apps/events"] = events
     rollout = rollout_of(api(answers), "apps", "shop")
@@ -98,3 +111,18 @@ def test_the_source_is_off_by_default_and_needs_a_readable_token(tmp_path: Path,
     (tmp_path / "token").write_text("t\n")
     on = on.model_copy(update={"kubernetes_token_file": tmp_path / "token", "kubernetes_ca_file": None})
     assert isinstance(on.workload_evidence(), KubernetesEvidence)
+
+
+def test_only_events_about_this_deployment_object_are_asked_for() -> None:
+    asked: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        body = {f"{BASE}/deployments/shop": DEPLOYMENT}.get(request.url.path, {"items": []})
+        return httpx.Response(200, json=body)
+
+    rollout_of(KubernetesApi("https://k8s.test", "t", transport=httpx.MockTransport(answer)), "apps", "shop")
+    [events] = [r for r in asked if r.url.path.endswith("/events")]
+    assert events.url.params["fieldSelector"] == (
+        f"involvedObject.kind=Deployment,involvedObject.name=shop,involvedObject.uid={UID}"
+    )
