@@ -1,6 +1,6 @@
 """docs/operations/observability.md and the Grafana dashboard cannot drift from the code.
 
-Every module of flotilla, flotilla_ops, flotilla_reasoning and services is imported, and every metric with
+Every module of flotilla, flotilla_evidence, flotilla_ops, flotilla_reasoning and services is imported, and every metric with
 the ``flotilla_`` prefix registered with prometheus_client's default registry is
 collected with its type and labels; the sim's own registry is read from its
 ``/metrics``. The doc's tables must list exactly those, and every metric the dashboard
@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "operations" / "observability.md"
 DASHBOARD = REPO_ROOT / "infra" / "observability" / "grafana" / "dashboards" / "flotilla.json"
-PACKAGES = ("flotilla", "flotilla_ops", "flotilla_reasoning", "services")
+PACKAGES = ("flotilla", "flotilla_evidence", "flotilla_ops", "flotilla_reasoning", "services")
 ROW = re.compile(r"^\| `((?:flotilla|sim)_\w+)` \| (\w+) \| ([^|]*) \|")
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"), "gauge": ("",)}
 
