@@ -280,6 +280,9 @@ def member_env(member: Member, fleet_secrets: FleetSecrets, index: int = 0) -> d
     if env.get("FLOTILLA_REASONER") == "llm":  # unless told otherwise, the stack's model server
         env.setdefault("FLOTILLA_LLM_BASE_URL", stackctl.MODEL_SERVER.url)
         env.setdefault("FLOTILLA_LLM_MODEL", stackctl.MODEL_ALIAS)
+        if env["FLOTILLA_LLM_BASE_URL"] == stackctl.MODEL_SERVER.url:  # and its key, by file
+            stackctl.model_server_key()
+            env.setdefault("FLOTILLA_LLM_API_KEY_FILE", str(stackctl.MODEL_SERVER.key_file))
     return env
 
 

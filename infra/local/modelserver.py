@@ -11,11 +11,20 @@ downloaded at run time.
 
 It gets a venv of its own (``.stack/model-server``): the server pins its own FastAPI,
 uvicorn and pydantic-settings, which need not match the fleet's.
+
+It answers only requests that carry its API key (``Authorization: Bearer <key>``), a
+random token in the stack's secrets (``.stack/secrets/model-server-api-key``, 0600), which
+the agents read through ``FLOTILLA_LLM_API_KEY_FILE``. The server reads it from its
+environment (``API_KEY``, llama-cpp-python's ServerSettings), put there by this module run
+as a script (:func:`main`): on the command line it would be visible to every user of the
+machine in ``ps``, and in supervisord's config it would sit in a file the key does not need.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +44,7 @@ class ModelServer:
     home: Path  # .stack/model-server: the venv and the link to the weights
     host: str
     port: int
+    key_file: Path  # the API key every request must carry (made by stackctl's model-up)
 
     @property
     def venv(self) -> Path:
@@ -87,10 +97,14 @@ class ModelServer:
         return found[0]
 
     def command(self, threads: int = 2) -> list[str]:
+        """What supervisord runs: this file, which reads the key into the server's environment
+        and then becomes ``python -m llama_cpp.server`` with the rest of the arguments."""
         return [
             str(self.python),
-            "-m",
-            "llama_cpp.server",
+            str(Path(__file__).resolve()),
+            "--key-file",
+            str(self.key_file),
+            "--",
             "--model",
             str(self.weights),
             "--model_alias",
@@ -110,10 +124,14 @@ class ModelServer:
             "chatml",
         ]
 
+    def key(self) -> str:
+        return self.key_file.read_text().strip()
+
     def healthy(self) -> bool:
-        """The server lists its model once the weights are loaded."""
+        """The server lists its model, to a request with its key, once the weights are loaded."""
         try:
-            with urllib.request.urlopen(f"{self.url}/models", timeout=3) as resp:
+            request = urllib.request.Request(f"{self.url}/models", headers={"Authorization": f"Bearer {self.key()}"})
+            with urllib.request.urlopen(request, timeout=3) as resp:
                 body = json.load(resp)
         except Exception:
             return False
@@ -122,3 +140,19 @@ class ModelServer:
     def version(self) -> str:
         pins = [line for line in REQUIREMENTS.read_text().splitlines() if line and not line.startswith("#")]
         return ", ".join(pin.split("[")[0].split("==")[0] + " " + pin.split("==")[-1] for pin in pins[:2])
+
+
+def main(argv: list[str]) -> None:
+    """``modelserver.py --key-file F -- <llama_cpp.server arguments>``: run the server with
+    the key in ``F`` as its API key (run by the server venv's python, so stdlib only)."""
+    if len(argv) < 3 or argv[0] != "--key-file" or argv[2] != "--":
+        raise SystemExit("usage: modelserver.py --key-file FILE -- <llama_cpp.server arguments>")
+    key = Path(argv[1]).read_text().strip()
+    if not key:
+        raise SystemExit(f"{argv[1]} holds no key")
+    env = {**os.environ, "API_KEY": key}
+    os.execve(sys.executable, [sys.executable, "-m", "llama_cpp.server", *argv[3:]], env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -286,7 +286,9 @@ DEFAULT_PORTS = {
 PORTS = {key: int(os.environ.get(PORT_ENV[key], default)) for key, default in DEFAULT_PORTS.items()}
 HOST = "127.0.0.1"
 SUPERVISOR = Supervisor(RUN, "supervisor", STACK_HOME)
-MODEL_SERVER = modelserver.ModelServer(STACK_HOME / "model-server", HOST, PORTS["model-server"])
+MODEL_SERVER = modelserver.ModelServer(
+    STACK_HOME / "model-server", HOST, PORTS["model-server"], SECRETS / "model-server-api-key"
+)
 MODEL_ALIAS = modelserver.ALIAS
 
 
@@ -1359,9 +1361,37 @@ def model_up() -> None:
             f"port {MODEL_COMPONENT.port} (model-server) is held by {_port_holder(MODEL_COMPONENT.port)}, "
             f"not by this stack; move the model server with {PORT_ENV['model-server']}"
         )
+    model_server_key()
     _install_model_server()
+    _sync_model_program()
     _start(MODEL_COMPONENT, MODEL_UP_TIMEOUT_S)
-    _say(f"model server: FLOTILLA_LLM_BASE_URL={MODEL_SERVER.url} FLOTILLA_LLM_MODEL={MODEL_ALIAS}")
+    _say(
+        f"model server: FLOTILLA_LLM_BASE_URL={MODEL_SERVER.url} FLOTILLA_LLM_MODEL={MODEL_ALIAS} "
+        f"FLOTILLA_LLM_API_KEY_FILE={MODEL_SERVER.key_file}"
+    )
+
+
+def model_server_key() -> str:
+    """The model server's API key (made the first time): the server refuses a request without it."""
+    return ensure_private_token(MODEL_SERVER.key_file, what="the model server's API key")
+
+
+def _sync_model_program() -> None:
+    """Give the running supervisord this checkout's model-server command (one written by an
+    older checkout started the server without its key). Only that program is replaced:
+    ``update model-server`` leaves the rest of the stack running."""
+    conf = SUPERVISOR.conf.read_text()
+    head, section, rest = conf.partition("[program:model-server]\n")
+    body, bracket, tail = rest.partition("\n[")
+    wanted = f"command={' '.join(MODEL_SERVER.command())}"
+    lines = body.splitlines()
+    if not section or wanted in lines:
+        return
+    body = "\n".join(wanted if line.startswith("command=") else line for line in lines)
+    SUPERVISOR.conf.write_text(head + section + body + bracket + tail)
+    SUPERVISOR.ctl("reread")
+    SUPERVISOR.ctl("update", MODEL_COMPONENT.name)
+    _say("model server: supervisord given this checkout's command (with its API key)")
 
 
 def model_down() -> None:

@@ -32,11 +32,11 @@ AUTO_ORDER: tuple[Dialect, ...] = ("json_schema", "json_object_schema", "json_ob
 
 # The statuses servers answer an unsupported response_format with: OpenAI-style validation
 # (400), FastAPI/pydantic validation (422), and llama-cpp-python, whose request validation
-# error surfaces as an internal error (500).
+# error surfaces as an internal error (500) that quotes the validation message.
 REFUSAL_STATUSES = frozenset({400, 422, 500})
-# Words a refusal of the format names; a 500 from llama-cpp-python names none of them
-# (see :func:`format_refused`).
-REFUSAL_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
+# What a refusal of the format names: the field, or the form it refused. An error that
+# names neither (a transient 500, an overloaded server, a proxy's page) is not one.
+REFUSAL_WORDS = ("response_format", "json_schema")
 
 
 def response_format(dialect: Dialect, name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -64,13 +64,12 @@ def enums_alone(schema: Any) -> Any:
 
 
 def format_refused(error: openai.APIStatusError) -> bool:
-    """Whether ``error`` may be the server refusing the request's response format (so the
-    next dialect is worth a try). A 400 or 422 must say so; a 500 is taken as one, since
-    llama-cpp-python reports its validation error as a bare internal error and a server
-    really failing will fail the next dialect too."""
+    """Whether ``error`` says the server does not take the request's response format (so
+    the next dialect is worth a try): a 400, 422 or 500 whose message names
+    ``response_format`` or ``json_schema``. A 500 that names neither is the server failing,
+    not refusing: taken for a refusal before the first answer, it would settle ``auto`` for
+    good on a weaker form (down to ``json_object``, the schema only in the prompt)."""
     if error.status_code not in REFUSAL_STATUSES:
         return False
-    if error.status_code == 500:
-        return True
     text = f"{error.message} {error.body}".lower()
     return any(word in text for word in REFUSAL_WORDS)

@@ -6,10 +6,11 @@ All come from ``FLOTILLA_*`` variables (or the stack env file), like the stack's
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from flotilla_evidence.settings import EvidenceSettings
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from flotilla_reasoning.dialects import DialectChoice
@@ -32,6 +33,10 @@ class AgentSettings(EvidenceSettings):
     llm_base_url: str | None = None  # e.g. http://127.0.0.1:11434/v1, https://api.openai.com/v1
     llm_model: str | None = None
     llm_api_key: SecretStr = SecretStr("not-needed")
+    # Or a file holding the key (read when FLOTILLA_LLM_API_KEY is not set): the local
+    # stack's model server names its 0600 secret here, never the value, which would end up
+    # in supervisord's config and the environment of every member.
+    llm_api_key_file: Path | None = None
     llm_timeout_seconds: float = 60.0
     llm_max_retries: int = 2  # transport retries inside the client (not answer retries)
     llm_temperature: float = 0.0
@@ -48,3 +53,17 @@ class AgentSettings(EvidenceSettings):
     rules_target_utilization: float = Field(0.75, gt=0, le=1)  # worker-pool utilization a scale-out aims for
     remediation_strategy: Strategy = "scale"
     max_replicas: int = Field(20, ge=1)  # never propose more (policy denies more than 20)
+
+    @field_validator("llm_api_key_file", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _key_from_file(self) -> AgentSettings:
+        if self.llm_api_key_file is not None and "llm_api_key" not in self.model_fields_set:
+            key = self.llm_api_key_file.read_text().strip()
+            if not key:
+                raise ValueError(f"FLOTILLA_LLM_API_KEY_FILE {self.llm_api_key_file} is empty")
+            self.llm_api_key = SecretStr(key)
+        return self

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from flotilla_reasoning import (
     Action,
+    AgentSettings,
     Diagnosis,
     DiagnosticEvidence,
     EvidenceItem,
@@ -246,7 +248,13 @@ def test_a_server_that_does_not_answer_fails_without_an_answer_retry(fake: FakeO
 
 # ---------------------------------------------------------- the dialects
 
-LLAMA_CPP_PYTHON_REFUSAL = Answer('{"type": "internal_server_error"}', status=500)
+# What llama-cpp-python 0.3.36 answers a json_schema request: its request validation error,
+# quoted in an internal error (seen on the local model server)
+LLAMA_CPP_PYTHON_REFUSAL = Answer(
+    "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}",
+    status=500,
+)
 
 
 def test_auto_finds_the_form_a_server_accepts_and_keeps_it(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
@@ -287,6 +295,35 @@ def test_auto_does_not_mistake_another_client_error_for_a_refused_format(
     with pytest.raises(ReasoningFailed, match="BadRequestError"):
         reasoner.diagnose(the_evidence())
     assert len(fake.requests) == 2 and not reasoner.dialects.settled
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_auto_keeps_its_form_when_the_server_fails_before_its_first_answer(
+    fake: FakeOpenAI, reasoner: LLMReasoner, status: int
+) -> None:
+    # a transient failure names no response format: it is no refusal, and must not settle
+    # auto on a weaker form for the life of the process
+    fake.script(Answer(None, status=status))
+    with pytest.raises(ReasoningFailed, match="did not answer"):
+        reasoner.diagnose(the_evidence())
+    assert len(fake.requests) == 1 and reasoner.dialects.current == "json_schema"
+    fake.script(diagnosis_answer(INCIDENT))
+    reasoner.diagnose(the_evidence())
+    assert fake.requests[1]["response_format"]["type"] == "json_schema"
+    assert reasoner.dialects.settled and reasoner.dialects.current == "json_schema"
+
+
+def test_the_key_may_come_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "model-server-api-key"
+    key.write_text("sk-from-file\n")
+    monkeypatch.delenv("FLOTILLA_LLM_API_KEY", raising=False)
+    monkeypatch.setenv("FLOTILLA_LLM_API_KEY_FILE", str(key))
+    assert AgentSettings().llm_api_key.get_secret_value() == "sk-from-file"
+    # a key given as a value wins over the file
+    assert AgentSettings(llm_api_key="sk-given").llm_api_key.get_secret_value() == "sk-given"
+    key.write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        AgentSettings()
 
 
 def test_a_server_refusing_every_form_fails_the_decision(fake: FakeOpenAI, reasoner: LLMReasoner) -> None:
