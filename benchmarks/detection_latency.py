@@ -95,7 +95,8 @@ def main() -> int:
     results: dict[str, list[float]] = {}
     try:
         for way in args.ways.split(","):
-            env = {**os.environ, **WAYS[way]}
+            # every fault opens an incident on checkout-dev: no cap on incidents per service
+            env = {**os.environ, "FLOTILLA_HEALTH_INCIDENTS_PER_HOUR": "0", **WAYS[way]}
             fleet("down", env)
             fleet("up", env)
             results[way] = [one_fault(settings, serde) for _ in range(args.faults)]

@@ -1,6 +1,9 @@
 """Incident latency on the auto-authorized path, next to the floor measured in the same run.
 
-    make fleet-up && .venv/bin/python benchmarks/incident_latency.py --incidents 20
+    FLOTILLA_HEALTH_INCIDENTS_PER_HOUR=0 make fleet-up && .venv/bin/python benchmarks/incident_latency.py --incidents 20
+
+(the cap off: 20 incidents on checkout-dev within minutes is past the default cap of 12
+an hour per service, services/health_agent/settings.py)
 
 For each incident: reset the sim, slow down payments-dev (so checkout-dev breaches in the
 `dev` environment, where policy authorizes without a person), and time every record of

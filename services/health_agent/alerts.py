@@ -331,6 +331,8 @@ def _one(ctx: ServiceContext, conn: psycopg.Connection[Any], intake: Intake, ale
     if not intake.opens:
         return result("recorded", None)
     incident = _open(ctx, conn, intake, alert, environment, service, signal, now)
+    if incident is None:  # past the service's incident cap (incidents.open_incident)
+        return result("recorded", None)
     # The agent's own breach goes on under the new incident: the one it had (if any) is
     # cleared or finished (open_incident_of found none), and when the breach ends it must
     # release this one, not that one (else nothing ever releases it).
@@ -365,7 +367,7 @@ def _open(
     service: str,
     signal: str,
     now: datetime,
-) -> str:
+) -> str | None:
     ref, summary = _ref(alert), _summary(alert)
 
     def degraded(incident: str) -> Record:
@@ -388,8 +390,8 @@ def _open(
         opened_by="alert",
         alert=ref,
     )
-    incident, _ = incidents.open_incident(ctx, conn, opening, now=now, topic=intake.topic)
-    return incident
+    opened = incidents.open_incident(ctx, conn, opening, now=now, topic=intake.topic)
+    return None if opened is None else opened[0]
 
 
 def _note(

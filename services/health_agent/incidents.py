@@ -8,6 +8,12 @@ backs this up whatever the code does.
 
 An incident is *cleared* (the service may get a new one) only when nothing holds it
 open: neither a breach the agent reads nor an alert still firing (:func:`clear`).
+
+Every opening passes the cap on incidents per service per hour
+(``FLOTILLA_HEALTH_INCIDENTS_PER_HOUR``, :func:`open_incident`): telemetry and alerts are
+not proof (docs/security/threat-model.md, "Telemetry is a trust root"), and a service
+whose readings flap, or whose name someone else's exporter borrows, must not become an
+incident (a diagnosis, a model's token budget, an automatic action) every few minutes.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import psycopg
@@ -23,14 +29,23 @@ from prometheus_client import Counter
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from flotilla import Envelope, Record, ServiceContext, Status, WorkflowStore
+from flotilla import Envelope, Record, ServiceContext, Status, WorkflowStore, escalation
 from flotilla.records import AlertRef, DiagnosisRequested
+from services.health_agent.settings import HealthSettings
 
 log = logging.getLogger(__name__)
 
 INCIDENTS_OPENED = Counter(
     "flotilla_health_incidents_opened_total", "Incidents opened by the health agent.", ["service"]
 )
+
+INCIDENTS_CAPPED = Counter(
+    "flotilla_health_incidents_capped_total",
+    "Breaches and alerts that opened no incident: their service had opened FLOTILLA_HEALTH_INCIDENTS_PER_HOUR "
+    "incidents in the last hour.",
+    ["service"],
+)
+CAP_WINDOW = timedelta(hours=1)
 
 OpenedBy = Literal["metrics", "alert"]
 
@@ -91,15 +106,30 @@ class Opening:
     alert: AlertRef | None = None
 
 
+def incidents_per_hour(ctx: ServiceContext) -> int:
+    """The cap (0: none) of the health agent's settings; other settings carry none."""
+    settings = ctx.settings
+    return settings.health_incidents_per_hour if isinstance(settings, HealthSettings) else 0
+
+
 def open_incident(
     ctx: ServiceContext, conn: psycopg.Connection[Any], opening: Opening, *, now: datetime, topic: str
-) -> tuple[str, Envelope]:
+) -> tuple[str, Envelope] | None:
     """A new incident, in the caller's transaction (holding the service's lock): the fact,
     then DiagnosisRequested caused by it, then the incident's row. Returns its id and the
-    request's envelope."""
-    number = conn.execute("SELECT nextval('incident_number')").fetchone()
-    assert number is not None
-    incident = f"incident-{number[0]}"
+    request's envelope.
+
+    None when the service has opened ``FLOTILLA_HEALTH_INCIDENTS_PER_HOUR`` incidents in
+    the last hour: nothing is diagnosed or done for it (:func:`_past_the_cap`). The count is
+    read under the service's lock, which every way in holds, so two openings cannot both
+    squeeze under it."""
+    cap = incidents_per_hour(ctx)
+    if cap > 0:
+        opened, noticed = _opened_within(conn, opening, now)
+        if opened >= cap:
+            _past_the_cap(ctx, conn, opening, now=now, topic=topic, opened=opened, cap=cap, noticed=noticed)
+            return None
+    incident = _next_incident(conn)
     fact = ctx.emit(conn, opening.fact(incident), key=incident, correlation=incident, topic=topic)
     request = DiagnosisRequested(
         incident_id=incident,
@@ -135,6 +165,84 @@ def open_incident(
         "%s opened by %s: %s/%s: %s", incident, opening.opened_by, opening.environment, opening.service, opening.symptom
     )
     return incident, diagnosis
+
+
+def _next_incident(conn: psycopg.Connection[Any]) -> str:
+    number = conn.execute("SELECT nextval('incident_number')").fetchone()
+    assert number is not None
+    return f"incident-{number[0]}"
+
+
+def _opened_within(conn: psycopg.Connection[Any], opening: Opening, now: datetime) -> tuple[int, int]:
+    """(incidents opened for the service in the hour before ``now``, cap notices among them
+    given apart): a notice is not counted against the cap."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE NOT cap_notice), count(*) FILTER (WHERE cap_notice) FROM health_incidents "
+        "WHERE environment = %s AND service = %s AND opened_at > %s",
+        (opening.environment, opening.service, now - CAP_WINDOW),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _past_the_cap(
+    ctx: ServiceContext,
+    conn: psycopg.Connection[Any],
+    opening: Opening,
+    *,
+    now: datetime,
+    topic: str,
+    opened: int,
+    cap: int,
+    noticed: int,
+) -> None:
+    """What a breach or alert past the cap does: no incident to work on (no diagnosis, no
+    plan, no action), counted (``flotilla_health_incidents_capped_total``) and logged. The
+    first one in the hour also tells people, the way the fleet tells them anything: an
+    incident with the fact as observed, escalated at once (IncidentEscalated, to on-call)
+    and holding nothing, so the console, the audit and whoever watches escalations see
+    that this service is being ignored and why. Later ones in the hour add only to the
+    count and the log: one notice an hour, however hard the service flaps."""
+    INCIDENTS_CAPPED.labels(opening.service).inc()
+    service = f"{opening.environment}/{opening.service}"
+    if noticed:
+        log.info("%s: past the cap (%d incidents in the last hour), not opened: %s", service, opened, opening.symptom)
+        return
+    incident = _next_incident(conn)
+    fact = ctx.emit(conn, opening.fact(incident), key=incident, correlation=incident, topic=topic)
+    reason = (
+        f"incident cap: {service} opened {opened} incidents in the last hour (FLOTILLA_HEALTH_INCIDENTS_PER_HOUR="
+        f"{cap}); this {opening.opened_by} opening ({opening.symptom[:300]}) and any other for it in the next hour "
+        "are not diagnosed or acted on. Is the service flapping, or is its telemetry (or an alert) not genuine?"
+    )
+    notice = ctx.emit(
+        conn,
+        escalation(incident, reason, cause=fact, at=now),
+        key=incident,
+        correlation=incident,
+        cause=fact,
+        topic=topic,
+    )
+    conn.execute(
+        "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
+        "latency_event_id, diagnosis_event_id, opened_by, signal, opening, cap_notice, cleared_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, true, %s)",
+        (
+            incident,
+            opening.environment,
+            opening.service,
+            opening.p95_ms,
+            opening.threshold_ms,
+            now,
+            fact.id,
+            notice.id,  # no DiagnosisRequested: the escalation stands in its column
+            opening.opened_by,
+            opening.signal,
+            Jsonb(asdict(fact)),
+            now,  # holds nothing: a breach or alert after the hour opens as usual
+        ),
+    )
+    log.error("%s escalated: %s", incident, reason)
 
 
 def opening_of(conn: psycopg.Connection[Any], incident: str) -> Envelope | None:

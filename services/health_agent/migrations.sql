@@ -112,3 +112,9 @@ CREATE INDEX IF NOT EXISTS alerts_outcome_idx ON alerts (outcome, last_received_
 -- The envelope of the record that opened the incident: what later notes about it (an
 -- alert joining or resolving) are caused by, so they stay in its causation chain and trace.
 ALTER TABLE health_incidents ADD COLUMN IF NOT EXISTS opening jsonb;
+
+-- The incident cap (FLOTILLA_HEALTH_INCIDENTS_PER_HOUR, incidents.py): incidents opened per
+-- service in the last hour, and the one escalated notice an hour past the cap, which is not
+-- counted against it.
+ALTER TABLE health_incidents ADD COLUMN IF NOT EXISTS cap_notice boolean NOT NULL DEFAULT false;
+CREATE INDEX IF NOT EXISTS health_incidents_recent_idx ON health_incidents (environment, service, opened_at);

@@ -355,7 +355,7 @@ class Scraper:
 
     def _open_incident(
         self, ctx: ServiceContext, conn: psycopg.Connection[Any], sample: Sample, state: DetectorState, now: datetime
-    ) -> str:
+    ) -> str | None:
         started = state.breach_started_at or now
         window = max(1, math.ceil((now - started).total_seconds()))
 
@@ -383,8 +383,9 @@ class Scraper:
             p95_ms=sample.p95_ms,
             threshold_ms=sample.threshold_ms,
         )
-        incident, _ = incidents.open_incident(ctx, conn, opening, now=now, topic=self._settings.incidents_topic)
-        return incident
+        # None past the service's incident cap: the breach goes on with no incident to release
+        opened = incidents.open_incident(ctx, conn, opening, now=now, topic=self._settings.incidents_topic)
+        return None if opened is None else opened[0]
 
     # --------------------------------------------------------- verification
 

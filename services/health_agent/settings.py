@@ -62,6 +62,10 @@ class HealthSettings(EvidenceSettings):
     # recovery counts as failed: Alertmanager reports a resolution only after its rule is
     # evaluated and its group_interval (5 min by default) has passed.
     health_alert_resolve_grace_seconds: float = Field(330.0, ge=0)
+    # At most this many incidents per service in any hour, alerts and readings together (0:
+    # no cap). Past it a breach or alert opens nothing: counted, logged, and the first one in
+    # the hour escalated to people at once (services/health_agent/incidents.py).
+    health_incidents_per_hour: int = Field(12, ge=0)
 
     @field_validator("health_open_from", mode="before")
     @classmethod

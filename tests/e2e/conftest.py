@@ -29,6 +29,9 @@ E2E_SETTINGS = {
     "FLOTILLA_HEALTH_BREACH_SCRAPES": "2",
     "FLOTILLA_HEALTH_CLEAR_SCRAPES": "2",
     "FLOTILLA_HEALTH_VERIFY_SECONDS": "2",
+    # the lanes open dozens of incidents on checkout-dev an hour, on purpose; the cap on
+    # incidents per service has its own test (tests/integration/services/test_health_incident_cap.py)
+    "FLOTILLA_HEALTH_INCIDENTS_PER_HOUR": "0",
     "FLOTILLA_SIM_ACTION_SECONDS": "0.1",
     "FLOTILLA_APPROVAL_SWEEP_SECONDS": "0.5",
     # every diagnosis goes through a durable slow job (so one test can restart the agent mid-job)
