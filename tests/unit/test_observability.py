@@ -1,9 +1,9 @@
 """docs/operations/observability.md and the Grafana dashboard cannot drift from the code.
 
 Every module of flotilla, flotilla_evidence, flotilla_ops, flotilla_reasoning and services
-is imported, and every metric with the ``flotilla_`` prefix registered with prometheus_client's default registry is
-collected with its type and labels; the sim's own registry is read from its
-``/metrics``. The doc's tables must list exactly those, and every metric the dashboard
+is imported, and every metric with the ``flotilla_`` prefix registered with
+prometheus_client's default registry is collected with its type and labels; the sim's own
+registry is read from its ``/metrics``. The doc's tables must list exactly those, and every metric the dashboard
 queries must be one of them (with labels it has).
 """
 
