@@ -34,7 +34,8 @@ WORKER_LABELS = {
 OPERATOR_LABELS = {"strimzi.io/kind": "cluster-operator", "name": "strimzi-cluster-operator"}
 BROKER_LABELS = {"strimzi.io/cluster": "flotilla", "strimzi.io/kind": "Kafka", "strimzi.io/name": "flotilla-kafka"}
 OPERATOR_NAMESPACE = "kafka"  # the production overlay's connect-api
-PUBLISHERS = {m.name for m in FLEET if m.database is not None}  # every member with an outbox
+# every member with an outbox, and the Job that provisions them
+ALLOWED = {m.name for m in FLEET if m.database is not None} | {"flotilla-provision"}
 
 
 def make_pod(cluster: Cluster, namespace: str, name: str, labels: dict[str, str], port: int | None = None) -> None:
@@ -59,7 +60,7 @@ def stored_pod(cluster: Cluster, namespace: str, name: str) -> Pod:
 
 def fleet_pods(cluster: Cluster) -> dict[str, Pod]:
     """One pod of each Deployment of the fleet, as the ReplicaSet controller made it."""
-    wanted = {m.name for m in FLEET if m.name != "sim"}
+    wanted = {m.name for m in FLEET if m.name != "sim"} | {"flotilla-provision"}
     deadline = time.monotonic() + 60
     with cluster.client() as api:
         ns_labels = api.get(f"/api/v1/namespaces/{FLEET_NAMESPACE}").json()["metadata"]["labels"]
@@ -139,7 +140,7 @@ def test_the_operator_label_in_another_namespace_does_not_reach_connects_api(net
 def test_the_publishing_members_reach_connects_api_and_the_console_does_not(network: dict[str, Any]) -> None:
     policies, worker = network["policies"], network["worker"]
     decided = {name: connects(policies, pod, worker, 8083) for name, pod in network["fleet"].items()}
-    assert decided == {name: name in PUBLISHERS for name in network["fleet"]}, decided
+    assert decided == {name: name in ALLOWED for name in network["fleet"]}, decided
     assert decided["console"] is False
 
 
