@@ -419,7 +419,8 @@ def test_the_jar_is_built_into_debeziums_plugin_folder_once(stackctl_at: ModuleT
         assert "dev/flotilla/connect/OutboxPostgresConnector.class" in names
         services = "META-INF/services/"
         assert jar.read(services + "org.apache.kafka.connect.transforms.Transformation").decode().split() == [
-            "dev.flotilla.connect.DropNullHeaders"
+            "dev.flotilla.connect.DropNullHeaders",
+            "dev.flotilla.connect.SetAside",
         ]
         assert jar.read(services + "io.debezium.connector.base.QueueProvider").decode().split() == [
             "dev.flotilla.connect.SignallingQueueProvider"
