@@ -17,7 +17,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flotilla.delivery import DEFAULT_DELIVERY, Delivery, delivery_config
@@ -52,8 +52,19 @@ BACKGROUND_POLL_INTERVAL_MS = 500
 # batch would add.
 MAX_BATCH_SIZE = 1
 
-# Our own transform (infra/connect-transforms), a plugin beside Debezium's on every Connect worker.
+# Our own transforms (infra/connect-transforms), a plugin beside Debezium's on every Connect worker.
 DROP_NULL_HEADERS = "dev.flotilla.connect.DropNullHeaders"
+SET_ASIDE = "dev.flotilla.connect.SetAside"
+# The most bytes one record may take when Connect's producer sends it: the producer's
+# max.request.size (Kafka's default; neither the worker nor the connectors override it), below
+# the broker's message.max.bytes (1,048,588). A row over it is set aside by SetAside: a notice
+# goes to <topic>.dlq and the rows after it flow, where Kafka's refusal would fail the task at
+# that row on every restart. SET_ASIDE_RECORD_OVERHEAD and SET_ASIDE_HEADER_OVERHEAD are
+# SetAside's RECORD_OVERHEAD and HEADER_OVERHEAD: set_aside_rows counts with the same formula.
+MAX_RECORD_BYTES = 1_048_576
+SET_ASIDE_RECORD_OVERHEAD = 128
+SET_ASIDE_HEADER_OVERHEAD = 16
+DEAD_LETTER_SUFFIX = ".dlq"
 FILTER = "org.apache.kafka.connect.transforms.Filter"
 TOPIC_NAME_MATCHES = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches"
 
@@ -125,6 +136,11 @@ def outbox_connector_config(
     ``emits``); any other row is dropped by Connect itself. The outbox table's constraint
     already refuses such rows; this holds too when someone with the database role has
     dropped the constraint. None: any topic (the compose outbox demo).
+
+    A row Kafka would refuse for its size (over :data:`MAX_RECORD_BYTES`) is set aside, last
+    in the chain (after the allowlist, as its notice goes to another topic): a notice with the
+    row's identity goes to ``<topic>.dlq``, where the DLQ reconciler quarantines it like any
+    dead letter, and the row stays in the outbox table (docs/operations/delivery.md).
     """
     placement = ",".join(f"{col}:header:{hdr}" for col, hdr in HEADER_COLUMNS.items())
     chain: list[Transform] = [
@@ -142,6 +158,17 @@ def outbox_connector_config(
             "predicates.declared.type": TOPIC_NAME_MATCHES,
             "predicates.declared.pattern": topic_pattern(topics),
         }
+    chain.append(
+        (
+            "setaside",
+            {
+                "type": SET_ASIDE,
+                "max.bytes": str(MAX_RECORD_BYTES),
+                "topic.suffix": DEAD_LETTER_SUFFIX,
+                "origin": connector_name(database),
+            },
+        )
+    )
     return {
         "connector.class": OUTBOX_CONNECTOR_CLASS,
         "tasks.max": "1",
@@ -365,3 +392,127 @@ def wait_running(connect_url: str, name: str, timeout: float = 60, *, restarts: 
             return
         time.sleep(0.3)
     raise ConnectError(f"connector {name} not RUNNING after {timeout:.0f}s; last status: {last}")
+
+
+def committed_position(connect_url: str, name: str) -> str | None:
+    """The source position Connect last committed for the connector (Debezium's ``lsn``,
+    else the whole offset), or None when it has none or Connect cannot say. A task that fails
+    again at the same position failed on the same row: the one after it."""
+    try:
+        answer = _request(f"{connect_url}/connectors/{name}/offsets")
+    except (ConnectError, OSError):
+        return None
+    offsets = [entry.get("offset") or {} for entry in (answer or {}).get("offsets", [])]
+    if not offsets:
+        return None
+    lsns = [str(o["lsn"]) for o in offsets if "lsn" in o]
+    return f"lsn {','.join(lsns)}" if lsns else json.dumps(offsets, sort_keys=True)
+
+
+# A task that fails again at the position it failed at before is restarted after this many
+# seconds, doubling with each further failure up to RESTART_BACKOFF_MAX_SECONDS; the first
+# failure at a position is restarted at once (most failures are a database or broker restart).
+RESTART_BACKOFF_SECONDS = 10.0
+RESTART_BACKOFF_MAX_SECONDS = 600.0
+
+
+class Keeper:
+    """Restarts a FAILED outbox connector, and knows when restarting no longer helps.
+
+    Connect never restarts a failed task, so a service restarts its own connector. A task
+    that fails again at the same committed position is failing on the same row: restarting
+    it at once, for ever, only repeats the failure (and its log). The keeper then waits
+    RESTART_BACKOFF_SECONDS, doubling, between restarts, logs the failure's causes and the
+    position at each failure, and says so in :attr:`stuck` (the service's ``/readyz`` and
+    ``flotilla_outbox_connector_failures``) until the task runs again.
+    """
+
+    def __init__(self, connect_url: str, name: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.connect_url = connect_url
+        self.name = name
+        self._clock = clock
+        self.failures = 0  # failures in a row at `position`, 0 while the task runs
+        self.position: str | None = None
+        self.trace: str | None = None
+        self._restarted = False  # a restart since the failure last counted
+        self._next_restart = 0.0
+
+    @property
+    def stuck(self) -> str | None:
+        """Why publishing is held up (None: it is not): the task failed again at the same
+        position after a restart."""
+        if self.failures < 2:
+            return None
+        return (
+            f"outbox connector {self.name} failed {self.failures} times at {self.position or 'an unknown position'}: "
+            f"{(self.trace or '')[:500]}"
+        )
+
+    def check(self) -> bool:
+        """One look at the connector: restart it if it FAILED and its back-off is over.
+        True when it was restarted. Raises :class:`ConnectError` / OSError when Connect
+        does not answer."""
+        status = _request(f"{self.connect_url}/connectors/{self.name}/status")
+        failed = failure(status)
+        if failed is None:
+            if status.get("tasks") and all(t.get("state") == "RUNNING" for t in status["tasks"]):
+                if self.failures >= 2:
+                    log.warning(
+                        "connector %s runs again after %d failures at %s", self.name, self.failures, self.position
+                    )
+                self.failures, self.position, self.trace = 0, None, None
+            return False
+        now = self._clock()
+        if self.failures == 0 or self._restarted:  # a failure not counted yet
+            position = committed_position(self.connect_url, self.name)
+            same = self.failures > 0 and position == self.position
+            self.failures = self.failures + 1 if same else 1
+            self.position, self.trace, self._restarted = position, failed, False
+            delay = 0.0 if self.failures == 1 else RESTART_BACKOFF_SECONDS * 2 ** (self.failures - 2)
+            self._next_restart = now + min(delay, RESTART_BACKOFF_MAX_SECONDS)
+            if self.failures == 1:
+                log.warning("connector %s had failed at %s, restarting it: %s", self.name, position, failed[:500])
+            else:
+                log.error(
+                    "connector %s failed again at the same position (%s), %d times in a row; next restart in %.0f s. "
+                    "A row it cannot publish? docs/operations/delivery.md says what to do: %s",
+                    self.name,
+                    position,
+                    self.failures,
+                    self._next_restart - now,
+                    failed,
+                )
+        if now < self._next_restart:
+            return False
+        restart_failed(self.connect_url, self.name)
+        self._restarted = True
+        return True
+
+
+# Headers the Outbox Event Router adds of its own: the row's id as ``id``.
+ROUTER_HEADERS = {"id": "id"}
+
+
+def set_aside_size_sql() -> str:
+    """SQL for the bytes an outbox row's record takes as SetAside counts them: its key
+    (aggregateid), its payload, and each header with its name: the router's own and one per
+    non-NULL header column."""
+    placed = [*ROUTER_HEADERS.items(), *HEADER_COLUMNS.items()]
+    headers = " + ".join(
+        # id is a uuid: as a header, its 36-character text
+        f"coalesce(octet_length({'id::text' if column == 'id' else column}) "
+        f"+ {SET_ASIDE_HEADER_OVERHEAD + len(header.encode())}, 0)"
+        for column, header in placed
+    )
+    return f"({SET_ASIDE_RECORD_OVERHEAD} + octet_length(aggregateid) + octet_length(payload) + {headers})"
+
+
+def set_aside_rows(conn: Any) -> list[tuple[str, str, str, int]]:
+    """The rows of this database's outbox that the connector sets aside for their size, still
+    in the table: (id, topic, type, bytes)."""
+    size = set_aside_size_sql()
+    rows = conn.execute(
+        f"SELECT id::text, aggregatetype, type, {size} FROM {OUTBOX_TABLE} WHERE {size} > %s ORDER BY created_at",
+        (MAX_RECORD_BYTES,),
+    ).fetchall()
+    return [(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]

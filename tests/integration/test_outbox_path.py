@@ -264,8 +264,12 @@ def test_connect_has_our_transform_and_the_connector_chains_it(stack: StackSetti
     name = connectors.connector_name(outbox_db)
     with urllib.request.urlopen(f"{stack.connect_url}/connectors/{name}/config", timeout=10) as resp:
         live = json.loads(resp.read())
-    assert live["transforms"] == "outbox,dropnulls"
+    assert live["transforms"] == "outbox,dropnulls,setaside"
     assert live["transforms.dropnulls.type"] == connectors.DROP_NULL_HEADERS
+    # SetAside, last: a row too large for Kafka becomes a notice on <topic>.dlq (test_outbox_set_aside.py)
+    aside = plugins.get(connectors.SET_ASIDE)
+    assert aside is not None and aside["type"] == "transformation", "SetAside is not on Connect's plugin.path"
+    assert live["transforms.setaside.type"] == connectors.SET_ASIDE
 
 
 def test_a_root_record_has_no_causation_header_and_a_caused_one_has_it(

@@ -164,7 +164,7 @@ def test_null_headers_are_dropped_after_the_router(config: dict[str, str]) -> No
     # The router adds a header with a null value for a NULL column (a root record's
     # ce_causationid); CloudEvents SDKs refuse such a header, so the drop must run after it.
     chain = config["transforms"].split(",")
-    assert chain == ["outbox", "dropnulls"]
+    assert chain == ["outbox", "dropnulls", "setaside"]
     assert config["transforms.dropnulls.type"] == DROP_NULL_HEADERS == "dev.flotilla.connect.DropNullHeaders"
     # Every null header, not a list of names: any optional column added later is covered too.
     assert "transforms.dropnulls.headers" not in config
@@ -212,7 +212,7 @@ def test_a_connector_publishes_only_its_services_topics() -> None:
     """Connect's own Filter drops a row routed anywhere else (the outbox constraint refuses
     it first; this holds if that constraint was dropped by someone with the database role)."""
     config = outbox_connector_config("flotilla_remediation", topics=("incidents",))
-    assert config["transforms"] == "outbox,dropnulls,allowlist"
+    assert config["transforms"] == "outbox,dropnulls,allowlist,setaside"
     assert config["transforms.allowlist.type"] == "org.apache.kafka.connect.transforms.Filter"
     assert config["transforms.allowlist.negate"] == "true"  # keep what matches, drop the rest
     assert config["predicates.declared.pattern"] == "incidents"
@@ -221,6 +221,36 @@ def test_a_connector_publishes_only_its_services_topics() -> None:
     assert outbox_connector_config("x", topics=("incidents.dlq",))["predicates.declared.pattern"] == r"incidents\.dlq"
     assert outbox_connector_config("x", topics=())["predicates.declared.pattern"] == "(?!)"  # nothing
     assert "predicates" not in outbox_connector_config("x")  # unrestricted: the compose outbox demo
+
+
+def test_a_row_too_large_for_kafka_is_set_aside_last_in_the_chain() -> None:
+    """SetAside replaces a record Kafka would refuse (which would fail the task at that row on
+    every restart) by a notice on <topic>.dlq: after the allowlist, which would drop the
+    notice, and with the producer's own limit (security review 3, H2)."""
+    config = outbox_connector_config("flotilla_health", topics=("incidents",))
+    assert config["transforms"].split(",")[-1] == "setaside"
+    assert config["transforms.setaside.type"] == connectors.SET_ASIDE == "dev.flotilla.connect.SetAside"
+    assert int(config["transforms.setaside.max.bytes"]) == connectors.MAX_RECORD_BYTES == 1024 * 1024
+    assert config["transforms.setaside.topic.suffix"] == ".dlq"
+    assert config["transforms.setaside.origin"] == "outbox-flotilla-health"
+    # Connect's own tolerance stays off: it would drop a record after a producer error with a
+    # log line only, every record of a topic the worker may not write to included.
+    assert not any(key.startswith("errors.") for key in config)
+
+
+def test_the_sql_size_counts_what_set_aside_counts() -> None:
+    """Java's formula (SetAside.estimatedBytes) over the row's columns: key, payload, the
+    router's own ``id`` header and each header column with its header name;
+    tests/integration/test_outbox_set_aside.py checks the two give the same figure for a real row."""
+    size = connectors.set_aside_size_sql()
+    assert size.startswith(
+        f"({connectors.SET_ASIDE_RECORD_OVERHEAD} + octet_length(aggregateid) + octet_length(payload)"
+    )
+    placed = [("id", "id"), *HEADER_COLUMNS.items()]
+    for column, header in placed:
+        expected = f"{'id::text' if column == 'id' else column}) + {connectors.SET_ASIDE_HEADER_OVERHEAD + len(header)}"
+        assert expected in size
+    assert size.count("coalesce(") == len(placed)
 
 
 def test_each_delivery_mode_is_one_worker_setting_and_one_connector_setting() -> None:

@@ -1003,6 +1003,8 @@ def test_kafka_users_grant_exactly_what_each_client_does(overlay: str, objects: 
     (kc,) = of_kind(objects, "KafkaConnect")
     internal = {kc["spec"][f"{k}StorageTopic"] for k in ("config", "offset", "status")}
     connect = {("group", kc["spec"]["groupId"], "Read")} | _produces(_outbox_topics())
+    # a row too large for Kafka is set aside as a notice on its topic's DLQ, where one exists
+    connect |= _produces({f"{t}.dlq" for t in _outbox_topics()} & _fleet_topics())
     connect |= {("topic", t, op) for t in internal for op in ("Read", "Write", "Describe", "DescribeConfigs", "Create")}
     # exactly-once source only (flotilla.delivery): the leader's transactional id and one
     # per connector task; at-least-once produces without transactions and is granted none
