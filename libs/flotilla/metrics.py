@@ -67,6 +67,18 @@ CONNECTOR_RESTARTS = Counter(
     "Times a service found its outbox connector (or its task) FAILED in Kafka Connect and restarted it.",
     ["service"],
 )
+CONNECTOR_FAILURES = Gauge(
+    "flotilla_outbox_connector_failures",
+    "Times in a row a service's outbox connector failed at the same source position (0 while it runs); "
+    "2 or more: it is held up at one row, restarted with back-off (the service's log has the trace and position).",
+    ["service"],
+)
+ROWS_SET_ASIDE = Gauge(
+    "flotilla_outbox_rows_set_aside",
+    "Rows in a service's outbox too large for Kafka, which its connector set aside (a notice on <topic>.dlq) "
+    "instead of publishing; counted while the rows are kept (outbox retention).",
+    ["service"],
+)
 LOOP_DROPS = Counter("flotilla_loop_drops_total", "Records dropped because their hop budget was spent.", ["consumer"])
 STALE_TRANSITIONS = Counter(
     "flotilla_stale_transitions_total",

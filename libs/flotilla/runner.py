@@ -297,31 +297,85 @@ def _start_retention(ctx: ServiceContext) -> threading.Thread:
     return thread
 
 
+# One keeper per connector, for the life of the process: what failed, where, and since when.
+_keepers: dict[str, connectors.Keeper] = {}
+_keepers_lock = threading.Lock()
+
+
+def outbox_keeper(ctx: ServiceContext) -> connectors.Keeper:
+    """The keeper of this service's outbox connector."""
+    name = connectors.connector_name(ctx.spec.database)
+    with _keepers_lock:
+        keeper = _keepers.get(name)
+        if keeper is None or keeper.connect_url != ctx.settings.connect_url:
+            keeper = _keepers[name] = connectors.Keeper(ctx.settings.connect_url, name)
+        return keeper
+
+
 def keep_outbox_connector(ctx: ServiceContext) -> None:
     """Restart this service's outbox connector if it FAILED: its rows would otherwise wait
-    in the outbox until someone restarts it by hand. Connect not answering is the stack's
-    problem, not this task's: logged briefly, asked again next tick."""
-    name = connectors.connector_name(ctx.spec.database)
+    in the outbox until someone restarts it by hand. One that fails again at the same row
+    is restarted with back-off and reported (:class:`flotilla.connectors.Keeper`). Connect
+    not answering is the stack's problem, not this task's: logged briefly, asked again next tick."""
+    keeper = outbox_keeper(ctx)
     try:
-        failed = connectors.heal(ctx.settings.connect_url, name)
+        restarted = keeper.check()
     except (ConnectError, OSError) as exc:
-        log.info("outbox connector %s: Kafka Connect did not answer (%s)", name, exc)
+        log.info("outbox connector %s: Kafka Connect did not answer (%s)", keeper.name, exc)
         return
-    if failed is not None:
+    finally:
+        metrics.CONNECTOR_FAILURES.labels(ctx.spec.name).set(keeper.failures)
+    if restarted:
         metrics.CONNECTOR_RESTARTS.labels(ctx.spec.name).inc()
+
+
+def count_set_aside_rows(ctx: ServiceContext) -> None:
+    """``flotilla_outbox_rows_set_aside``: the rows of this service's outbox its connector sets
+    aside for their size; each logged once per process with its id, so an operator can find
+    the notice on ``<topic>.dlq`` and the row itself."""
+    with ctx.pool.connection() as conn:
+        rows = connectors.set_aside_rows(conn)
+    metrics.ROWS_SET_ASIDE.labels(ctx.spec.name).set(len(rows))
+    for row_id, topic, record_type, size in rows:
+        if row_id not in _reported_set_aside:
+            _reported_set_aside.add(row_id)
+            log.error(
+                "outbox row %s (%s for %s, about %d bytes) is over the %d bytes Kafka accepts: its connector set it "
+                "aside (a notice on %s%s); see docs/operations/delivery.md",
+                row_id,
+                record_type,
+                topic,
+                size,
+                connectors.MAX_RECORD_BYTES,
+                topic,
+                connectors.DEAD_LETTER_SUFFIX,
+            )
+
+
+_reported_set_aside: set[str] = set()
+# How often the outbox is scanned for rows set aside: a sequential scan of the rows kept.
+SET_ASIDE_SCAN_SECONDS = 60.0
+
+
+def connector_not_ready(ctx: ServiceContext) -> str | None:
+    """Why the service cannot publish (its connector is held up at one row), else None."""
+    return outbox_keeper(ctx).stuck if ctx.spec.publishes else None
 
 
 def _start_connector_keeper(ctx: ServiceContext) -> list[threading.Thread]:
     if not ctx.spec.publishes:
         return []
-    thread = threading.Thread(
-        target=_run_periodic,
-        args=(ctx, ctx.settings.connector_check_seconds, keep_outbox_connector),
-        name="connector-keeper",
-        daemon=True,
-    )
-    thread.start()
-    return [thread]
+    threads = []
+    for interval, task in (
+        (ctx.settings.connector_check_seconds, keep_outbox_connector),
+        (SET_ASIDE_SCAN_SECONDS, count_set_aside_rows),
+    ):
+        thread = threading.Thread(
+            target=_run_periodic, args=(ctx, interval, task), name=task.__name__.replace("_", "-"), daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+    return threads
 
 
 def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
@@ -338,7 +392,7 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
         app = create_app(
             spec.name,
             lambda: database_ready(ctx.pool) and not ctx.stopping.is_set(),
-            not_ready=spec.not_ready,
+            not_ready=lambda: (spec.not_ready() if spec.not_ready is not None else None) or connector_not_ready(ctx),
         )
         if spec.routes is not None:
             spec.routes(app, ctx)

@@ -23,12 +23,12 @@ def restarts(name: str) -> float:
     return REGISTRY.get_sample_value("flotilla_outbox_connector_restarts_total", {"service": name}) or 0.0
 
 
-@pytest.mark.parametrize(("failed", "counted"), [(None, 0), ("Failed to create TypeRegistry", 1)])
+@pytest.mark.parametrize(("failed", "counted"), [(False, 0), (True, 1)])
 def test_the_keeper_counts_a_restart_only_when_something_had_failed(
-    monkeypatch: pytest.MonkeyPatch, failed: str | None, counted: int
+    monkeypatch: pytest.MonkeyPatch, failed: bool, counted: int
 ) -> None:
     asked = []
-    monkeypatch.setattr(connectors, "heal", lambda url, name: asked.append((url, name)) or failed)
+    monkeypatch.setattr(connectors.Keeper, "check", lambda self: asked.append((self.connect_url, self.name)) or failed)
     before = restarts(f"keeper-{counted}")
     keep_outbox_connector(context(f"keeper-{counted}"))
     assert asked == [("http://connect", "outbox-flotilla-health")]
@@ -40,10 +40,10 @@ def test_the_keeper_counts_a_restart_only_when_something_had_failed(
     [urllib.error.URLError("connection refused"), connectors.ConnectError("GET … -> 409: rebalance", 409)],
 )
 def test_a_connect_that_does_not_answer_is_a_skipped_tick(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
-    def unreachable(url: str, name: str) -> str | None:
+    def unreachable(self: connectors.Keeper) -> bool:
         raise error
 
-    monkeypatch.setattr(connectors, "heal", unreachable)
+    monkeypatch.setattr(connectors.Keeper, "check", unreachable)
     keep_outbox_connector(context("keeper-unreachable"))  # no exception
     assert restarts("keeper-unreachable") == 0
 
