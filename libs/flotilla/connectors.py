@@ -465,19 +465,20 @@ class Keeper:
         now = self._clock()
         if self.failures == 0 or self._restarted:  # a failure not counted yet
             position = committed_position(self.connect_url, self.name)
+            where = position or "an unknown position"
             same = self.failures > 0 and position == self.position
             self.failures = self.failures + 1 if same else 1
             self.position, self.trace, self._restarted = position, failed, False
             delay = 0.0 if self.failures == 1 else RESTART_BACKOFF_SECONDS * 2 ** (self.failures - 2)
             self._next_restart = now + min(delay, RESTART_BACKOFF_MAX_SECONDS)
             if self.failures == 1:
-                log.warning("connector %s had failed at %s, restarting it: %s", self.name, position, failed[:500])
+                log.warning("connector %s had failed at %s, restarting it: %s", self.name, where, failed[:500])
             else:
                 log.error(
                     "connector %s failed again at the same position (%s), %d times in a row; next restart in %.0f s. "
                     "A row it cannot publish? docs/operations/delivery.md says what to do: %s",
                     self.name,
-                    position,
+                    where,
                     self.failures,
                     self._next_restart - now,
                     failed,

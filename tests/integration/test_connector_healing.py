@@ -46,16 +46,16 @@ def healing_db(stack: StackSettings) -> Iterator[str]:
 
 
 @contextmanager
-def startup_cut_off(stack: StackSettings) -> Iterator[None]:
+def startup_cut_off(stack: StackSettings, database: str = DB) -> Iterator[None]:
     """While inside, every query of a new session on the database is cancelled after 1 ms:
     the task's start-up query of the type registry cannot finish, as when PostgreSQL exits
     under it. Leaving is PostgreSQL coming back."""
     with psycopg.connect(stack.pg_dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f"ALTER DATABASE {DB} SET statement_timeout = 1")
+        conn.execute(f"ALTER DATABASE {database} SET statement_timeout = 1")
         try:
             yield
         finally:
-            conn.execute(f"ALTER DATABASE {DB} RESET statement_timeout")
+            conn.execute(f"ALTER DATABASE {database} RESET statement_timeout")
 
 
 def restart_until_failed(stack: StackSettings, name: str) -> str:
