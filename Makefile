@@ -114,6 +114,18 @@ test-k8s: $(STAMP) ## Only the Kubernetes lane: manifests, RBAC, the executor's 
 test-compose: $(STAMP) ## Only the compose lane: docker compose up on a Docker engine (installed if missing), an incident approved with the CLI
 	$(VENV)/bin/pytest tests/compose -s $(PYTEST_ARGS)
 
+# The one-node cluster (infra/k8s/cluster/clusterctl.py; docs/operations/cluster.md): root, built on first use.
+.PHONY: cluster-up cluster-down test-cluster
+cluster-up: $(STAMP) ## Start a one-node Kubernetes cluster that runs pods, in namespaces of its own (built on first use; root)
+	@$(PY) infra/k8s/cluster/clusterctl.py up
+
+cluster-down: $(STAMP) ## Stop the one-node cluster and remove every trace of it from the machine
+	@$(PY) infra/k8s/cluster/clusterctl.py down
+
+test-cluster: $(STAMP) ## Only the cluster lane: pods of images built here, Service DNS, logs, port-forward, a clean teardown
+	@$(PY) infra/k8s/cluster/clusterctl.py build
+	$(VENV)/bin/pytest tests/cluster -s $(PYTEST_ARGS)
+
 test-integration: $(STAMP) ## Only the tests on the real stack
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
