@@ -15,6 +15,10 @@ import java.util.Map;
 import java.util.ServiceLoader;
 
 import org.apache.kafka.common.config.ConfigException;
+import org.apache.kafka.common.header.internals.RecordHeader;
+import org.apache.kafka.common.record.internal.AbstractRecords;
+import org.apache.kafka.common.record.internal.CompressionType;
+import org.apache.kafka.common.record.internal.RecordBatch;
 import org.apache.kafka.connect.data.Schema;
 import org.apache.kafka.connect.header.ConnectHeaders;
 import org.apache.kafka.connect.header.Header;
@@ -77,6 +81,35 @@ class SetAsideTest {
                 + (SetAside.HEADER_OVERHEAD + 5 + 36) + (SetAside.HEADER_OVERHEAD + 7 + 2);
         assertEquals(expected, SetAside.estimatedBytes(record));
         assertEquals(1220, expected);
+    }
+
+    /** What Kafka's producer compares with max.request.size, for the record as the converters write it. */
+    private static int producersBound(SourceRecord record) {
+        List<org.apache.kafka.common.header.Header> headers = new ArrayList<>();
+        for (Header header : record.headers()) {
+            byte[] value = header.value() == null ? null : header.value().toString().getBytes(StandardCharsets.UTF_8);
+            headers.add(new RecordHeader(header.key(), value));
+        }
+        return AbstractRecords.estimateSizeInBytesUpperBound(RecordBatch.CURRENT_MAGIC_VALUE, CompressionType.NONE,
+                ((String) record.key()).getBytes(StandardCharsets.UTF_8), (byte[]) record.value(),
+                headers.toArray(new org.apache.kafka.common.header.Header[0]));
+    }
+
+    @Test
+    void theSizeIsNeverBelowWhatTheProducerChecks() {
+        // A record SetAside lets through is one the producer accepts; and the margin is small.
+        for (int payload : new int[] {0, 1, 127, 128, 16_383, 16_384, 1_000_000, 1_048_576, 2_097_152}) {
+            for (int extraHeaders : new int[] {0, 1, 11, 40}) {
+                SourceRecord record = record(payload, "dev.flotilla.incidents.ServiceDegraded");
+                for (int i = 0; i < extraHeaders; i++) {
+                    record.headers().addString("h" + i, "v".repeat(i * 300));
+                }
+                long ours = SetAside.estimatedBytes(record);
+                int kafkas = producersBound(record);
+                assertTrue(ours >= kafkas, payload + " bytes, " + extraHeaders + " headers: " + ours + " < " + kafkas);
+                assertTrue(ours - kafkas <= 128 + 16L * record.headers().size(), "within the framing allowance");
+            }
+        }
     }
 
     @Test
