@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flotilla.bounds import KAFKA_MAX_REQUEST_BYTES
 from flotilla.delivery import DEFAULT_DELIVERY, Delivery, delivery_config
 from flotilla.fleet import FLEET
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
@@ -61,7 +62,7 @@ SET_ASIDE = "dev.flotilla.connect.SetAside"
 # goes to <topic>.dlq and the rows after it flow, where Kafka's refusal would fail the task at
 # that row on every restart. SET_ASIDE_RECORD_OVERHEAD and SET_ASIDE_HEADER_OVERHEAD are
 # SetAside's RECORD_OVERHEAD and HEADER_OVERHEAD: set_aside_rows counts with the same formula.
-MAX_RECORD_BYTES = 1_048_576
+MAX_RECORD_BYTES = KAFKA_MAX_REQUEST_BYTES
 SET_ASIDE_RECORD_OVERHEAD = 128
 SET_ASIDE_HEADER_OVERHEAD = 16
 DEAD_LETTER_SUFFIX = ".dlq"
