@@ -24,6 +24,9 @@ class Reason(enum.StrEnum):
     INVALID_RECORD = "invalid-record"  # decodes, but breaks a business rule or its envelope
     RETRIES_EXHAUSTED = "retries-exhausted"  # the handler kept failing
     UNAUTHORIZED = "unauthorized"  # decodes, but its signature does not hold (flotilla.authority)
+    # never published: Kafka would refuse the outbox row (too large); Connect sets it aside
+    # as a notice on <topic>.dlq (dev.flotilla.connect.SetAside; docs/operations/delivery.md)
+    UNPUBLISHABLE = "unpublishable"
 
 
 # Context header names, all prefixed so they never collide with ce_* attributes.

@@ -62,7 +62,7 @@ class ServiceContext:
         # missing either refuses to start, naming the setting.
         self.signer = fact_signer(settings) if spec.publishes else None
         self.provenance = fact_provenance(settings) if spec.topics else None
-        self.outbox = Outbox(serde, spec.emits, self.signer)
+        self.outbox = Outbox(serde, spec.emits, self.signer, max_record_bytes=settings.outbox_max_record_bytes)
         self.source = f"/flotilla/{spec.producer or spec.name}"
         self.stopping = threading.Event()
 
@@ -393,6 +393,7 @@ def start(spec: ServiceSpec, settings: ServiceSettings | None = None) -> None:
             spec.name,
             lambda: database_ready(ctx.pool) and not ctx.stopping.is_set(),
             not_ready=lambda: (spec.not_ready() if spec.not_ready is not None else None) or connector_not_ready(ctx),
+            max_body_bytes=settings.http_max_body_bytes,
         )
         if spec.routes is not None:
             spec.routes(app, ctx)

@@ -79,6 +79,7 @@ def test_reason_values_are_exactly_these() -> None:
         "invalid-record",
         "retries-exhausted",
         "unauthorized",
+        "unpublishable",
     ]
     assert Reason("unknown-schema") is Reason.UNKNOWN_SCHEMA
 
