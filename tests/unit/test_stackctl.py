@@ -373,7 +373,7 @@ def test_transforms_digest_follows_the_pom_and_main_sources_only(stackctl_at: Mo
     assert added not in (first, edited)
 
     (src / "pom.xml").write_text(
-        (src / "pom.xml").read_text().replace("<version>0.1.0</version>", "<version>0.2.0</version>", 1)
+        (src / "pom.xml").read_text().replace("<version>0.2.0</version>", "<version>0.3.0</version>", 1)
     )
     assert stackctl_at.transforms_digest(src) not in (first, edited, added)
 
@@ -410,7 +410,7 @@ def test_the_jar_is_built_into_debeziums_plugin_folder_once(stackctl_at: ModuleT
     jars = sorted(plugin.glob("*.jar"))
     assert [j.name for j in jars] == [
         "debezium-connector-postgres-3.6.1.Final.jar",
-        "flotilla-connect-transforms-0.1.0.jar",
+        "flotilla-connect-transforms-0.2.0.jar",
     ]
     assert not stackctl_at.TRANSFORMS_OLD_PLUGIN.exists(), "DropNullHeaders must not be found in two plugins"
     with zipfile.ZipFile(jars[1]) as jar:
