@@ -6,7 +6,8 @@ For each record of a poll batch:
    that cannot be decoded goes to ``<topic>.dlq``, and so does one its producer did not
    sign (``flotilla.provenance``: dead-lettered ``unauthorized``); one whose hop budget
    is spent is dropped and reported (metric + LoopTerminated), never handled;
-2. claim (consumer, event id) — a redelivered record has no second effect;
+2. claim (consumer, event id) — a redelivered record has no second effect (a dropped
+   record claims only its drop, ``loop-dropped:<id>``: ``ce_hops`` is not signed);
 3. ask the incident workflow whether it accepts the record in the incident's current
    state — a stale or out-of-order record is recorded and skipped;
 4. run the handler, which changes state and appends outgoing records to the outbox;
@@ -138,10 +139,19 @@ class _Item:
         return self.incoming is not None and self.incoming.envelope.hops <= 0
 
     def claim(self) -> dedupe.Claim:
+        """The record's claim: its event id, or for a record dropped for its spent hop budget
+        a claim of that drop alone (``loop-dropped:<id>``), so it is reported once.
+
+        ``ce_hops`` is outside the producer's signature: a copy of a genuine record with no hops
+        left verifies. Were the drop claimed by the event id, whoever can write the topic could
+        pre-empt the genuine record (its copy first, dropped; the original then a duplicate)."""
         assert self.incoming is not None
         i = self.incoming
-        outcome = "loop-dropped" if self.dropped else "handled"
-        return dedupe.Claim(i.envelope.id, i.record_type, outcome, i.topic, i.partition, i.offset)
+        if self.dropped:
+            return dedupe.Claim(
+                f"loop-dropped:{i.envelope.id}", i.record_type, "loop-dropped", i.topic, i.partition, i.offset
+            )
+        return dedupe.Claim(i.envelope.id, i.record_type, "handled", i.topic, i.partition, i.offset)
 
 
 class _Isolate(Exception):
@@ -437,11 +447,11 @@ class ConsumerLoop:
                 seen: set[str] = set()
                 for it in work:
                     assert it.incoming is not None
-                    event_id = it.incoming.envelope.id
-                    if event_id in seen or event_id not in fresh:
+                    claimed = it.claim().event_id
+                    if claimed in seen or claimed not in fresh:
                         metrics.DEDUPE_HITS.labels(self.config.name).inc()
                         continue
-                    seen.add(event_id)
+                    seen.add(claimed)
                     if it.dropped:
                         self._report_loop(it.incoming, pending)
                     else:
