@@ -201,6 +201,10 @@ def test_the_machine_is_untouched_while_the_cluster_runs(cluster: Cluster) -> No
     for key in MACHINE_WIDE:
         assert now[key] == cluster.machine_before[key], f"{key} changed on the machine while the cluster runs"
     assert now["cluster processes"], "the view sees none of the cluster's processes: it would miss leftovers"
+    # The kubelet did set the kernel settings it wants, into the node's private copies.
+    wanted = {"vm.overcommit_memory": "1", "kernel.panic": "10", "kernel.panic_on_oops": "1"}
+    private = {name: (cluster.paths.node / "sysctl" / name).read_text().strip() for name in wanted}
+    assert private == wanted, private
     assert now["cluster cgroups"], "the view sees none of the cluster's cgroups: it would miss leftovers"
     assert docker_containers() == cluster.docker_before
 
