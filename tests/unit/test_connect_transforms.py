@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla.connectors import DROP_NULL_HEADERS, OUTBOX_CONNECTOR_CLASS, outbox_connector_config
+from flotilla.connectors import DROP_NULL_HEADERS, OUTBOX_CONNECTOR_CLASS, SET_ASIDE, outbox_connector_config
 
 from ..poms import LOCAL_STACK_POM, TRANSFORMS_POM, child_text, pom_elements, pom_property
 
@@ -81,9 +81,9 @@ def test_the_connectors_name_a_transform_the_module_defines_and_registers() -> N
     config = outbox_connector_config("flotilla")
     named = {v for k, v in config.items() if k.startswith("transforms.") and k.endswith(".type")}
     ours = {name for name in named if name.startswith("dev.flotilla.")}
-    assert ours == {DROP_NULL_HEADERS}
+    assert ours == {DROP_NULL_HEADERS, SET_ASIDE}
     registered = (SERVICES / "org.apache.kafka.connect.transforms.Transformation").read_text().split()
-    assert registered == [DROP_NULL_HEADERS]  # Connect's service_load discovery finds it through this file
+    assert registered == [DROP_NULL_HEADERS, SET_ASIDE]  # Connect's service_load discovery finds it through this file
     for class_name in registered:
         assert _source_of(class_name).is_file(), class_name
 

@@ -6,11 +6,13 @@ call) through ``ServiceContext.emit``. Driven through both emit paths with a fak
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 from prometheus_client import REGISTRY
 
+from flotilla.bounds import DEFAULT_MAX_RECORD_BYTES
 from flotilla.envelope import Envelope
 from flotilla.handling import HandlerContext, Incoming
 from flotilla.outbox import OutboxRow
@@ -71,7 +73,8 @@ class FakeOutbox:
 
 def service(name: str) -> tuple[ServiceContext, FakeOutbox]:
     spec = ServiceSpec(name=name, database="none", publishes=False)  # its outbox is the fake below
-    ctx = ServiceContext(spec, None, None, None)  # type: ignore[arg-type]
+    settings = SimpleNamespace(outbox_max_record_bytes=DEFAULT_MAX_RECORD_BYTES)  # all the context reads of it
+    ctx = ServiceContext(spec, settings, None, None)  # type: ignore[arg-type]
     outbox = FakeOutbox()
     ctx.outbox = outbox  # type: ignore[assignment]
     return ctx, outbox
