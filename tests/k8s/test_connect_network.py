@@ -59,11 +59,15 @@ def stored_pod(cluster: Cluster, namespace: str, name: str) -> Pod:
 
 
 def fleet_pods(cluster: Cluster) -> dict[str, Pod]:
-    """One pod of each Deployment of the fleet, as the ReplicaSet controller made it."""
-    wanted = {m.name for m in FLEET if m.name != "sim"} | {"flotilla-provision"}
+    """One pod of each Deployment of the fleet, as the ReplicaSet controller made it, and the
+    provision Job's pod as its stored template labels it (this control plane's controller
+    manager may not run the Job to a pod)."""
+    wanted = {m.name for m in FLEET if m.name != "sim"}
     deadline = time.monotonic() + 60
     with cluster.client() as api:
         ns_labels = api.get(f"/api/v1/namespaces/{FLEET_NAMESPACE}").json()["metadata"]["labels"]
+        job = api.get(f"/apis/batch/v1/namespaces/{FLEET_NAMESPACE}/jobs/flotilla-provision").json()
+        provision = Pod(FLEET_NAMESPACE, job["spec"]["template"]["metadata"]["labels"], ns_labels, name="provision")
         while True:
             listed = api.get(f"/api/v1/namespaces/{FLEET_NAMESPACE}/pods").json()["items"]
             found = {
@@ -74,7 +78,7 @@ def fleet_pods(cluster: Cluster) -> dict[str, Pod]:
                 if p["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "flotilla"
             }
             if wanted <= set(found):
-                return found
+                return {**found, "flotilla-provision": found.get("flotilla-provision", provision)}
             assert time.monotonic() < deadline, f"no pods for {sorted(wanted - set(found))} within 60 s"
             time.sleep(0.5)
 
