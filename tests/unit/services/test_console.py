@@ -239,6 +239,10 @@ class StandIns:
         }
         if path == "/incidents":
             return httpx.Response(200, json={"incidents": [summary]})
+        if path == "/incidents/incident-forged-only/timeline":  # only unverified records name it
+            nothing = {"incidentId": "incident-forged-only", "status": None, "firstAt": None, "lastAt": None}
+            paging = {"after": 0, "limit": self.timeline_page, "nextAfter": None}
+            return httpx.Response(200, json={**nothing, "entries": 0, "timeline": FORGERIES, "page": paging})
         if path == f"/incidents/{INCIDENT}/timeline":
             after = int(request.url.params.get("after", 0))
             rest = [e for e in TIMELINE + self.extra if e["seq"] > after]
@@ -975,6 +979,16 @@ def test_forged_records_are_marked_in_the_timeline_and_are_no_outcome(client: Te
     assert (
         'id="seq-2" class="entry tone-plain" data-type="DependencyFailureSuspected" data-verified="true"' in page.text
     )
+
+
+def test_an_incident_only_forgeries_name_has_no_status(client: TestClient) -> None:
+    login(client)
+    page = client.get("/incidents/incident-forged-only")
+    assert page.status_code == 200
+    text = text_of(page.text)
+    assert "no verified record" in text and "nothing here is a fact" in text and "None" not in text
+    assert 'id="incident-status"' in page.text and "4 unverified on this page" in text
+    assert "approve at once" not in page.text.split('id="evidence"', 1)[1].split("</section>", 1)[0]
 
 
 def test_views_believe_only_a_signature_of_a_member_that_may_state_the_type() -> None:
