@@ -7,33 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 
 from flotilla.serde import AvroSerde
 from flotilla.settings import StackSettings
-from tests.support.databases import migrated_database
 
-from .kafka_wait import fresh_topic
 from .loop_worker import build_loop
-from .test_consumer_loop import DB, drain, effects, fact, produce
 
-
-@pytest.fixture(scope="module")
-def database(stack: StackSettings) -> str:
-    return migrated_database(stack, DB)
-
-
-@pytest.fixture()
-def topic(stack: StackSettings) -> Iterator[str]:
-    with fresh_topic(stack.kafka_bootstrap, "it-hop-claims", partitions=1) as name:
-        yield name
+# the loop tests' own database and a fresh 3-partition topic (one incident: one partition)
+from .test_consumer_loop import DB, database, drain, effects, fact, produce, topic  # noqa: F401
 
 
 def test_a_spent_copy_first_does_not_pre_empt_the_genuine_record(
-    stack: StackSettings, serde: AvroSerde, database: str, topic: str
+    stack: StackSettings,
+    serde: AvroSerde,
+    database: str,  # noqa: F811  (the imported fixture)
+    topic: str,  # noqa: F811
 ) -> None:
     incident = f"incident-{uuid.uuid4().hex[:8]}"
     payload, genuine = fact(serde, incident)
