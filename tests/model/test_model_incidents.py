@@ -9,6 +9,7 @@ reported are the ones the incident's budget counted.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,18 +25,20 @@ from flotilla_reasoning.decision import DIAGNOSIS_SCHEMA, PROPOSAL_SCHEMA, parse
 from flotilla.fleet import DIAGNOSTIC, REMEDIATION
 from tests.e2e.fleet import Fleet, Seen, Watch, open_incident
 
-from .conftest import LLM_TIMEOUT_SECONDS, STACKCTL
+from .conftest import LLM_TIMEOUT_SECONDS, ModelServer
 from .tap import Exchange, ModelTap
-
-# A decision by a small model on a loaded 2-core machine takes tens of seconds, and the
-# failure tests wait out the agents' bounded waits on purpose.
-pytestmark = pytest.mark.timeout(900)
 
 DIAGNOSES = {"DependencyFailureSuspected", "DiagnosisConcluded"}
 # Where an incident the model decided rests: a production plan waits for a person; an
 # agent that got no valid answer escalates.
 SETTLED = {"HumanApprovalRequired", "IncidentEscalated", "RecoveryRejected"}
-DECIDED_IN = 300  # s: two decisions of up to two answers each, on a loaded 2-core machine
+# The longest an incident may take to settle, bounded by the agents' own waits: up to three
+# decisions (a diagnosis, one after a job for more evidence, a plan) of two answers each,
+# none longer than the agents' timeout, and a minute for the fleet's own steps.
+DECIDED_IN = 6 * LLM_TIMEOUT_SECONDS + 60
+# The hung server: two calls of LLM_TIMEOUT_SECONDS (and the client's back-off between them).
+ESCALATED_IN = 2 * LLM_TIMEOUT_SECONDS + 60
+pytestmark = pytest.mark.timeout(int(DECIDED_IN + 300))
 
 
 def settled(watch: Watch, incident: str, timeout: float = DECIDED_IN) -> Seen:
@@ -68,25 +71,11 @@ def tokens_counted(member_database: str, fleet: Fleet, incident: str) -> int:
     return int(row[0]) if row else 0
 
 
-def model_server_pid() -> int:
-    done = subprocess.run([*STACKCTL, "pid", "model-server"], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stdout + done.stderr
-    return int(done.stdout.strip())
-
-
-def wait_model_server_healthy(model_server: str, timeout: float = 120) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{model_server}/v1/models", timeout=3) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the model server did not come back within {timeout:.0f}s")
+def open_one(fleet: Fleet, watch: Watch, tap: ModelTap) -> str:
+    """Open the test's incident; the tap answers requests about any other from then on."""
+    incident = open_incident(fleet, watch)
+    tap.serve_only(incident)
+    return incident
 
 
 def assert_nothing_invalid_reached_a_topic(watch: Watch, tap: ModelTap, incident: str) -> None:
@@ -110,13 +99,21 @@ def assert_nothing_invalid_reached_a_topic(watch: Watch, tap: ModelTap, incident
     assert len(diagnostic) <= 2 * decisions and len(remediation) <= 2, "more than one retry per decision"
 
 
+def test_the_model_server_answers_only_requests_with_its_key(model_server: ModelServer) -> None:
+    assert model_server.models(None) == 401
+    assert model_server.models("not-" + model_server.key()) == 401
+    assert model_server.models(model_server.key()) == 200
+
+
 def test_an_incident_through_the_real_model_flows_on_or_escalates_and_its_tokens_are_the_servers(
     fleet: Fleet, watch: Watch, tap: ModelTap
 ) -> None:
-    incident = open_incident(fleet, watch)
+    incident = open_one(fleet, watch, tap)
     end = settled(watch, incident)
     watch.settle(3)
     assert tap.of(incident), "the agents never asked the model server"
+    # the server answered them: they hold its key (it refuses a request without one)
+    assert any(e.status == 200 and e.forwarded for e in tap.of(incident)), [e.status for e in tap.of(incident)]
     assert_nothing_invalid_reached_a_topic(watch, tap, incident)
     if end.kind == "HumanApprovalRequired":  # production: a person decides, not the model
         assert not watch.of(incident, "RecoveryApproved")
@@ -128,37 +125,39 @@ def test_an_incident_through_the_real_model_flows_on_or_escalates_and_its_tokens
 
 
 def test_a_hung_model_server_costs_a_bounded_wait_then_an_escalation(
-    fleet: Fleet, watch: Watch, tap: ModelTap, model_server: str
+    fleet: Fleet, watch: Watch, tap: ModelTap, model_server: ModelServer
 ) -> None:
-    pid = model_server_pid()
+    pid = model_server.pid()
     os.kill(pid, signal.SIGSTOP)  # accepts connections (the kernel does), answers nothing
     try:
-        incident = open_incident(fleet, watch)
+        incident = open_one(fleet, watch, tap)
         opened = time.monotonic()
-        escalated = watch.kind("IncidentEscalated", incident, timeout=DECIDED_IN)
+        escalated = watch.kind("IncidentEscalated", incident, timeout=ESCALATED_IN)
         waited = time.monotonic() - opened
     finally:
         os.kill(pid, signal.SIGCONT)
     print(f"[model] hung server: escalated {waited:.0f}s after the incident opened")
     assert "did not answer" in str(escalated.value.get("reason")), escalated.value
     assert not [s for s in watch.of(incident) if s.kind in DIAGNOSES]
-    wait_model_server_healthy(model_server)
+    # it waited out the timeout (twice: the client asks once more), no longer
+    assert LLM_TIMEOUT_SECONDS <= waited <= ESCALATED_IN, waited
+    model_server.wait_healthy()
 
 
 def test_a_model_server_killed_mid_answer_is_retried_or_escalated_never_stuck(
-    fleet: Fleet, watch: Watch, tap: ModelTap, model_server: str
+    fleet: Fleet, watch: Watch, tap: ModelTap, model_server: ModelServer
 ) -> None:
-    incident = open_incident(fleet, watch)
+    incident = open_one(fleet, watch, tap)
     deadline = time.monotonic() + 120
     while not tap.in_flight(incident):  # the diagnostic agent is waiting for an answer
         assert time.monotonic() < deadline, "the diagnostic agent never asked the model"
         time.sleep(0.05)
-    os.kill(model_server_pid(), signal.SIGKILL)  # supervisord starts it again
+    os.kill(model_server.pid(), signal.SIGKILL)  # supervisord starts it again
     settled(watch, incident)
     watch.settle(3)
     assert_nothing_invalid_reached_a_topic(watch, tap, incident)
     assert len(watch.of(incident, "IncidentEscalated")) <= 1
-    wait_model_server_healthy(model_server)
+    model_server.wait_healthy()
 
 
 @pytest.mark.parametrize("spoiled", ["429", "503", "truncated", "not-json"])
@@ -166,9 +165,10 @@ def test_a_spoiled_answer_is_asked_again_then_escalated(
     fleet: Fleet, watch: Watch, tap: ModelTap, spoiled: Any
 ) -> None:
     # The client asks twice (FLOTILLA_LLM_MAX_RETRIES=1): both spoiled, the decision fails.
+    # The tap gives both answers itself: this is about the fleet, not about the model.
     tap.spoil(spoiled, spoiled)
-    incident = open_incident(fleet, watch)
-    escalated = watch.kind("IncidentEscalated", incident, timeout=DECIDED_IN)
+    incident = open_one(fleet, watch, tap)
+    escalated = watch.kind("IncidentEscalated", incident, timeout=ESCALATED_IN)
     watch.settle(2)
     spoilt = [e for e in tap.of(incident) if e.spoiled == spoiled]
     assert len(spoilt) == 2, {
@@ -179,14 +179,15 @@ def test_a_spoiled_answer_is_asked_again_then_escalated(
     assert not [s for s in watch.of(incident) if s.kind in DIAGNOSES]
 
 
-def test_the_evaluation_suite_scores_the_real_model(model_server: str) -> None:
+def test_the_evaluation_suite_scores_the_real_model(model_server: ModelServer) -> None:
     """`flotilla eval` against the server, a bounded sample: every case is scored (the
     scores are reported, not judged: the model is tiny)."""
     env = {
         **os.environ,
-        "FLOTILLA_LLM_BASE_URL": f"{model_server}/v1",
+        "FLOTILLA_LLM_BASE_URL": model_server.url,
+        "FLOTILLA_LLM_API_KEY_FILE": str(model_server.key_file),
         "FLOTILLA_LLM_MODEL": "smollm2",
-        "FLOTILLA_LLM_TIMEOUT_SECONDS": "120",
+        "FLOTILLA_LLM_TIMEOUT_SECONDS": str(LLM_TIMEOUT_SECONDS),
         "FLOTILLA_LLM_MAX_TOKENS": "384",
     }
     cases = int(os.environ.get("FLOTILLA_MODEL_EVAL_CASES", "8"))
@@ -199,8 +200,6 @@ def test_the_evaluation_suite_scores_the_real_model(model_server: str) -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     sys.stdout.write(done.stderr[-3000:])
-    import json
-
     report = json.loads(done.stdout)
     print(json.dumps(report.get("summary", report), indent=1)[:3000])
     assert len(report["cases"]) == cases
