@@ -5,7 +5,8 @@ Bearer <token>`` (a token whose SHA-256 digest is in ``FLOTILLA_ALERT_TOKENS``):
 without a valid one, 413 for a body over ``FLOTILLA_ALERT_MAX_BODY_BYTES``, 422 for a
 payload that is not the documented shape or breaks a bound (:mod:`.alerts`; nothing
 changes), 200 with what became of each alert. ``GET /alerts`` (``?outcome=unknown-service``
-and ``?limit=``) lists what was received, newest first, for operators.
+and ``?limit=``) lists what was received, newest first, for operators holding a sender's
+token (401 otherwise).
 
 The sender is authenticated before a byte of the body is read (the route declares no body
 for FastAPI to read first): the webhook's larger body limit is open to token holders only.
@@ -53,8 +54,11 @@ def install_routes(
             raise HTTPException(413, str(exc)) from None
         return {"sender": who.name, "alerts": [r.as_json() for r in received]}
 
+    # The listing names labels, annotations and fingerprints: for the same token holders
+    # as the webhook (review 3, L3), not for anyone who reaches the port.
     @app.get("/alerts")
     def listing(
+        _who: Annotated[Bearer, Depends(sender)],
         outcome: Annotated[str | None, Query(pattern="^(opened|joined|recorded|unknown-service)$")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     ) -> list[dict[str, Any]]:

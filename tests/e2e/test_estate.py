@@ -39,12 +39,17 @@ def stackctl() -> Any:
     return load_script("_e2e_stackctl", REPO / "infra" / "local" / "stackctl.py")
 
 
-@pytest.fixture(scope="module")
-def alert_token() -> str:
-    """The token the stack's Alertmanager presents to the health agent."""
+def webhook_token() -> str:
+    """The token the stack's Alertmanager presents to the health agent (also what lists
+    what it delivered: ``GET /alerts`` is for the same token holders)."""
     path = dotenv_values(default_env_file())["FLOTILLA_ALERT_WEBHOOK_TOKEN_FILE"]
     assert path, "the stack env file names no alert webhook token"
     return Path(path).read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def alert_token() -> str:
+    return webhook_token()
 
 
 class Alerts:
@@ -95,7 +100,7 @@ def alerts(fleet: Fleet) -> Iterator[Alerts]:
 
 def received(fleet: Fleet, alertname: str, run: str) -> dict[str, Any] | None:
     """The health agent's record of the alert with this ``e2e_run`` label, or None."""
-    for row in fleet.call(HEALTH, "GET", "/alerts?limit=1000"):
+    for row in fleet.call(HEALTH, "GET", "/alerts?limit=1000", token=webhook_token()):
         if row["alertName"] == alertname and row["labels"].get("e2e_run") == run:
             return dict(row)
     return None
@@ -185,7 +190,7 @@ def test_an_alert_about_a_service_the_estate_does_not_know_is_kept_for_an_operat
     run = alert["labels"]["e2e_run"]
     row = until(lambda: received(fleet, "HighErrorRate", run), "the unknown service's alert received")
     assert (row["outcome"], row["incidentId"], row["service"]) == ("unknown-service", None, "ghost-api")
-    listed = fleet.call(HEALTH, "GET", "/alerts?outcome=unknown-service")
+    listed = fleet.call(HEALTH, "GET", "/alerts?outcome=unknown-service", token=webhook_token())
     assert run in {r["labels"].get("e2e_run") for r in listed}
     watch.settle(2)
     assert opened_for(watch, "ghost-api") == []
@@ -205,12 +210,15 @@ def test_a_malformed_payload_or_a_missing_token_is_refused_and_changes_nothing(
         "fingerprint": uuid.uuid4().hex[:16],
     }
     payload = {"version": "4", "status": "firing", "receiver": "x", "groupKey": "{}", "alerts": [firing]}
-    before = len(fleet.call(HEALTH, "GET", "/alerts?limit=1000"))
+    before = len(fleet.call(HEALTH, "GET", "/alerts?limit=1000", token=webhook_token()))
 
     for token in (None, "not-the-token"):
         with pytest.raises(HttpError) as refused:
             http("POST", address, payload, token)
         assert refused.value.status == 401
+        with pytest.raises(HttpError) as unlisted:  # what was delivered is the token holders' too
+            http("GET", f"{address}?limit=1", None, token)
+        assert unlisted.value.status == 401
     for broken, names in (
         ({**payload, "version": "3"}, "version"),
         ({**payload, "alerts": [{**firing, "labels": {"service_name": "search-api"}}]}, "alertname"),
@@ -227,7 +235,7 @@ def test_a_malformed_payload_or_a_missing_token_is_refused_and_changes_nothing(
     assert bad.value.code == 422
 
     watch.settle(2)
-    assert len(fleet.call(HEALTH, "GET", "/alerts?limit=1000")) == before
+    assert len(fleet.call(HEALTH, "GET", "/alerts?limit=1000", token=webhook_token())) == before
     assert opened_for(watch, "search-api") == []
 
 
@@ -250,7 +258,7 @@ def test_an_oversized_alert_is_refused_and_changes_nothing(fleet: Fleet, watch: 
         "fingerprint": uuid.uuid4().hex[:16],
     }
     payload = {"version": "4", "status": "firing", "receiver": "x", "groupKey": "{}", "alerts": [firing]}
-    before = len(fleet.call(HEALTH, "GET", "/alerts?limit=1000"))
+    before = len(fleet.call(HEALTH, "GET", "/alerts?limit=1000", token=webhook_token()))
 
     with pytest.raises(HttpError) as refused:
         http("POST", address, payload, alert_token)
@@ -281,7 +289,7 @@ def test_an_oversized_alert_is_refused_and_changes_nothing(fleet: Fleet, watch: 
         assert status == 413 and "17000000 bytes" in body["detail"] and "16777216" in body["detail"], body
 
     watch.settle(2)
-    assert len(fleet.call(HEALTH, "GET", "/alerts?limit=1000")) == before
+    assert len(fleet.call(HEALTH, "GET", "/alerts?limit=1000", token=webhook_token())) == before
     assert received(fleet, "HighErrorRate", run) is None
     assert opened_for(watch, "search-api") == []
     with psycopg.connect(fleet.stack.pg_dsn(HEALTH.database)) as conn:
