@@ -1364,7 +1364,9 @@ def model_up() -> None:
     model_server_key()
     _install_model_server()
     _sync_model_program()
-    _start(MODEL_COMPONENT, MODEL_UP_TIMEOUT_S)
+    # running but refusing our key (a key file made again since it started): restart it
+    stale = SUPERVISOR.states().get(MODEL_COMPONENT.name) == "RUNNING" and not MODEL_SERVER.healthy()
+    _start(MODEL_COMPONENT, MODEL_UP_TIMEOUT_S, restart=stale)
     _say(
         f"model server: FLOTILLA_LLM_BASE_URL={MODEL_SERVER.url} FLOTILLA_LLM_MODEL={MODEL_ALIAS} "
         f"FLOTILLA_LLM_API_KEY_FILE={MODEL_SERVER.key_file}"
