@@ -179,6 +179,12 @@ def test_a_spoiled_answer_is_asked_again_then_escalated(
     assert not [s for s in watch.of(incident) if s.kind in DIAGNOSES]
 
 
+EVAL_CASES = int(os.environ.get("FLOTILLA_MODEL_EVAL_CASES", "8"))  # at least one per kind
+# each case a decision of up to two answers, each usually well under the timeout (~25-30 s a case)
+EVAL_IN = EVAL_CASES * 2 * LLM_TIMEOUT_SECONDS + 60
+
+
+@pytest.mark.timeout(int(EVAL_IN + 60))
 def test_the_evaluation_suite_scores_the_real_model(model_server: ModelServer) -> None:
     """`flotilla eval` against the server, a bounded sample: every case is scored (the
     scores are reported, not judged: the model is tiny)."""
@@ -190,12 +196,12 @@ def test_the_evaluation_suite_scores_the_real_model(model_server: ModelServer) -
         "FLOTILLA_LLM_TIMEOUT_SECONDS": str(LLM_TIMEOUT_SECONDS),
         "FLOTILLA_LLM_MAX_TOKENS": "384",
     }
-    cases = int(os.environ.get("FLOTILLA_MODEL_EVAL_CASES", "8"))
+    cases = EVAL_CASES
     done = subprocess.run(
         [str(Path(sys.executable).parent / "flotilla"), "eval", "--reasoner", "llm", "--limit", str(cases), "--json"],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=EVAL_IN,
         env=env,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
