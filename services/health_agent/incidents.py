@@ -142,24 +142,7 @@ def open_incident(
         requested_at=now,
     )
     diagnosis = ctx.emit(conn, request, key=incident, correlation=incident, cause=fact, topic=topic)
-    conn.execute(
-        "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
-        "latency_event_id, diagnosis_event_id, opened_by, signal, opening) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            incident,
-            opening.environment,
-            opening.service,
-            opening.p95_ms,
-            opening.threshold_ms,
-            now,
-            fact.id,
-            diagnosis.id,
-            opening.opened_by,
-            opening.signal,
-            Jsonb(asdict(fact)),
-        ),
-    )
+    _insert_incident(conn, incident, opening, fact, diagnosis, now=now)
     INCIDENTS_OPENED.labels(opening.service).inc()
     log.warning(
         "%s opened by %s: %s/%s: %s", incident, opening.opened_by, opening.environment, opening.service, opening.symptom
@@ -223,10 +206,28 @@ def _past_the_cap(
         cause=fact,
         topic=topic,
     )
+    # No DiagnosisRequested: the escalation stands in its column. Cleared at once: it holds
+    # nothing, so a breach or alert after the hour opens as usual.
+    _insert_incident(conn, incident, opening, fact, notice, now=now, cap_notice=True)
+    log.error("%s escalated: %s", incident, reason)
+
+
+def _insert_incident(
+    conn: psycopg.Connection[Any],
+    incident: str,
+    opening: Opening,
+    fact: Envelope,
+    next_step: Envelope,
+    *,
+    now: datetime,
+    cap_notice: bool = False,
+) -> None:
+    """The incident's row: what opened it (``fact``) and what it asked for next (the
+    diagnosis request, or a cap notice's escalation)."""
     conn.execute(
         "INSERT INTO health_incidents (incident_id, environment, service, p95_ms, threshold_ms, opened_at, "
         "latency_event_id, diagnosis_event_id, opened_by, signal, opening, cap_notice, cleared_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, true, %s)",
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             incident,
             opening.environment,
@@ -235,14 +236,14 @@ def _past_the_cap(
             opening.threshold_ms,
             now,
             fact.id,
-            notice.id,  # no DiagnosisRequested: the escalation stands in its column
+            next_step.id,
             opening.opened_by,
             opening.signal,
             Jsonb(asdict(fact)),
-            now,  # holds nothing: a breach or alert after the hour opens as usual
+            cap_notice,
+            now if cap_notice else None,
         ),
     )
-    log.error("%s escalated: %s", incident, reason)
 
 
 def opening_of(conn: psycopg.Connection[Any], incident: str) -> Envelope | None:
