@@ -350,6 +350,11 @@ LOCAL_ESTATE = {
         ' / sum by (service_name, deployment_environment_name) (worker_pool_slots{service_name=~"$services"})'
     ),
     "FLOTILLA_ESTATE_CATALOGUE_FILE": str(LOCAL_DIR / "estate.yaml"),
+    # No incident cap on the local stack: its health agent's database outlives the fleets run
+    # on it (the demo, the e2e and model lanes, the chaos soak's inherited proposal), which
+    # reopen the demo services dozens of times an hour; a later demo would find checkout-api
+    # capped. An estate keeps the default (12 an hour); the cap's own tests set theirs.
+    "FLOTILLA_HEALTH_INCIDENTS_PER_HOUR": "0",
 }
 
 
