@@ -165,12 +165,16 @@ class EvidenceSettings(ServiceSettings):
         evidence = self.evidence()
         if not self.kubernetes_evidence:
             return evidence
+        api = self.kubernetes_api("FLOTILLA_KUBERNETES_EVIDENCE is on")
+        return KubernetesEvidence(evidence, api, evidence.deployment_of)
+
+    def kubernetes_api(self, why: str, *, timeout: float = 5.0) -> KubernetesApi:
+        """A read client of the API server these settings name, with the token read now;
+        ``why`` says which setting asked for it when the token file cannot be read."""
         try:
             token = self.kubernetes_token_file.read_text().strip()
         except OSError as exc:
             raise ValueError(
-                f"FLOTILLA_KUBERNETES_EVIDENCE is on but FLOTILLA_KUBERNETES_TOKEN_FILE ({self.kubernetes_token_file}) "
-                f"cannot be read: {exc}"
+                f"{why} but FLOTILLA_KUBERNETES_TOKEN_FILE ({self.kubernetes_token_file}) cannot be read: {exc}"
             ) from exc
-        api = KubernetesApi(self.kubernetes_api_url, token, ca_file=self.kubernetes_ca_file)
-        return KubernetesEvidence(evidence, api, evidence.deployment_of)
+        return KubernetesApi(self.kubernetes_api_url, token, ca_file=self.kubernetes_ca_file, timeout=timeout)

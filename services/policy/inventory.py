@@ -155,14 +155,7 @@ class KubernetesInventory:
                 "FLOTILLA_POLICY_INVENTORY=kubernetes needs FLOTILLA_KUBERNETES_NAMESPACES: which namespace holds "
                 'each environment\'s Deployments, as the executor has it (e.g. {"production": "apps"})'
             )
-        try:
-            token = settings.kubernetes_token_file.read_text().strip()
-        except OSError as exc:
-            raise ValueError(
-                f"FLOTILLA_POLICY_INVENTORY=kubernetes but FLOTILLA_KUBERNETES_TOKEN_FILE "
-                f"({settings.kubernetes_token_file}) cannot be read: {exc}"
-            ) from exc
-        api = KubernetesApi(settings.kubernetes_api_url, token, ca_file=settings.kubernetes_ca_file, timeout=timeout)
+        api = settings.kubernetes_api("FLOTILLA_POLICY_INVENTORY=kubernetes", timeout=timeout)
         return cls(api, settings.kubernetes_namespaces, settings.catalogue())
 
     def _deployment(self, target: Target) -> tuple[bool | None, dict[str, Any] | None]:
