@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flotilla.bounds import KAFKA_MAX_REQUEST_BYTES
+from flotilla.deadletter import DLQ_SUFFIX
 from flotilla.delivery import DEFAULT_DELIVERY, Delivery, delivery_config
 from flotilla.fleet import FLEET
 from flotilla.outbox import HEADER_COLUMNS, OUTBOX_TABLE
@@ -65,7 +66,6 @@ SET_ASIDE = "dev.flotilla.connect.SetAside"
 MAX_RECORD_BYTES = KAFKA_MAX_REQUEST_BYTES
 SET_ASIDE_RECORD_OVERHEAD = 128
 SET_ASIDE_HEADER_OVERHEAD = 16
-DEAD_LETTER_SUFFIX = ".dlq"
 FILTER = "org.apache.kafka.connect.transforms.Filter"
 TOPIC_NAME_MATCHES = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches"
 
@@ -165,7 +165,7 @@ def outbox_connector_config(
             {
                 "type": SET_ASIDE,
                 "max.bytes": str(MAX_RECORD_BYTES),
-                "topic.suffix": DEAD_LETTER_SUFFIX,
+                "topic.suffix": DLQ_SUFFIX,
                 "origin": connector_name(database),
             },
         )

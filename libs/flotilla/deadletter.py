@@ -43,8 +43,12 @@ ATTEMPTS = "dlq_attempts"
 _MAX_MESSAGE = 2000
 
 
+# A topic's dead letters go to the topic of its name plus this (the consumers' and SetAside's).
+DLQ_SUFFIX = ".dlq"
+
+
 def dlq_topic(topic: str) -> str:
-    return f"{topic}.dlq"
+    return f"{topic}{DLQ_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from flotilla.authority import Signer, required_signer
 from flotilla.bootstrap import bootstrap_outbox, ensure_database, open_pool
 from flotilla.connectors import ConnectError
 from flotilla.consumer import ConsumerLoop, LoopConfig
+from flotilla.deadletter import dlq_topic
 from flotilla.envelope import Envelope
 from flotilla.handling import Handler
 from flotilla.http import create_app, database_ready, serve_http
@@ -341,14 +342,13 @@ def count_set_aside_rows(ctx: ServiceContext) -> None:
             _reported_set_aside.add(row_id)
             log.error(
                 "outbox row %s (%s for %s, about %d bytes) is over the %d bytes Kafka accepts: its connector set it "
-                "aside (a notice on %s%s); see docs/operations/delivery.md",
+                "aside (a notice on %s); see docs/operations/delivery.md",
                 row_id,
                 record_type,
                 topic,
                 size,
                 connectors.MAX_RECORD_BYTES,
-                topic,
-                connectors.DEAD_LETTER_SUFFIX,
+                dlq_topic(topic),
             )
 
 
