@@ -129,7 +129,8 @@ def _scrape(
     def snapshot(model: SimModel) -> tuple[list[_Row], list[ServiceReading]]:
         names = model.names if services is None else services
         rows = [(model.service(name), model.latency(name)) for name in names]
-        readings = telemetry.advance(rows, clock())
+        forbidden = {name: why for name in names if (why := model.rollback_forbidden(name)) is not None}
+        readings = telemetry.advance(rows, clock(), forbidden)
         return [(s.name, s.environment, s.replicas, s.threshold_ms, latency) for s, latency in rows], readings
 
     rows, readings = state.read(snapshot)

@@ -32,14 +32,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ACTIONS = ("scale", "restart", "rollback", "failover")
-FAULT_KINDS = ("dependency-slow", "pool-exhausted", "bad-deploy")
+ACTIONS = ("scale", "restart", "rollback", "failover", "pause", "raise-ceiling", "raise-memory")
+# rollback-forbidden is no slowness: it marks the release running when it is raised as one
+# that cannot be undone (the sim's flotilla.dev/rollback-forbidden annotation), for as long
+# as that release runs and the fault is not cleared.
+FAULT_KINDS = ("dependency-slow", "pool-exhausted", "bad-deploy", "rollback-forbidden")
+# What the sim cannot do, and why; the executor's command is refused (422), never faked.
+UNMODELLED = {
+    "raise-ceiling": "the sim has no autoscaler: its replicas change only by the scale action",
+    "raise-memory": "the sim has no memory limits: no container of it is ever OOM-killed",
+}
 
 SLOW_DEPENDENCY_FACTOR = 8.0  # a dependency-slow service answers this many times slower
 EXHAUSTED_POOL_FRACTION = 0.4  # share of its worker slots a pool-exhausted service keeps
 BAD_DEPLOY_FACTOR = 4.0  # own latency of a bad revision, relative to a good one
 POOL_WAIT_MS = 1250.0  # p95 wait for a pool slot per unit of overload (utilization - 1)
 MAX_REPLICAS = 100
+# Earlier revisions a service keeps to roll back to (a Deployment's revisionHistoryLimit default).
+REVISION_HISTORY = 10
 
 
 class UnknownResource(LookupError):
@@ -65,6 +75,24 @@ class Service:
     environment: str = "production"
     active: dict[str, str] = field(default_factory=dict)  # dependency -> target in use
     restarts: int = 0
+    # Revisions that ran before the current one, oldest first, ``previous_revision`` last
+    # (filled from it when a topology does not say): the revisions a rollback may name.
+    earlier_revisions: list[str] = field(default_factory=list)
+    paused: bool = False  # its rollout paused (the pause action); a rollback waits for a resume
+
+    def images(self, revision: str) -> list[str]:
+        """The "container=image" list of one revision: one container named after the
+        service, its image tagged with the revision (the sim's stand-in for a pod template)."""
+        return [f"{self.name}={self.name}:{revision}"]
+
+    def deploy(self, revision: str) -> None:
+        """Run ``revision``: the current one becomes the newest earlier revision (a revision
+        run again leaves its earlier place, as a Deployment's ReplicaSet is renumbered)."""
+        if revision == self.revision:
+            return
+        earlier = [r for r in self.earlier_revisions if r != revision] + [self.revision]
+        self.earlier_revisions = earlier[-REVISION_HISTORY:]
+        self.revision, self.previous_revision = revision, self.earlier_revisions[-1]
 
 
 @dataclass(frozen=True)
@@ -73,7 +101,7 @@ class Fault:
     service: str  # the service the fault was raised on
     kind: str
     dependency: str | None = None  # dependency-slow: the slow dependency of ``service``
-    revision: str | None = None  # bad-deploy: the revision that is bad
+    revision: str | None = None  # bad-deploy: the revision that is bad; rollback-forbidden: the one marked
 
     @property
     def slow_service(self) -> str:
@@ -115,6 +143,20 @@ def _touched_by(fault: Fault) -> set[str]:
     return {fault.service} | ({fault.dependency} if fault.dependency is not None else set())
 
 
+# Each action's params: (required, optional). A rollback's optional ones are the contract's
+# nullable fields (a record older than them carries only toRevision, and is refused).
+_PARAMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "scale": (frozenset({"replicas"}), frozenset()),
+    "restart": (frozenset({"rolling"}), frozenset()),
+    "rollback": (
+        frozenset({"toRevision"}),
+        frozenset({"fromRevision", "fromTemplateHash", "toTemplateHash", "toImages"}),
+    ),
+    "failover": (frozenset({"dependency", "toTarget"}), frozenset()),
+    "pause": (frozenset({"paused"}), frozenset()),
+}
+
+
 def _next_revision(revision: str) -> str:
     match = re.fullmatch(r"(.*?)(\d+)", revision)
     if match is None:
@@ -139,6 +181,10 @@ class SimModel:
         self._faults_on: dict[str, list[Fault]] = {}
         self._fault_seq = 0
         for service in self._services.values():
+            if not service.earlier_revisions and service.previous_revision is not None:
+                service.earlier_revisions = [service.previous_revision]
+            elif service.earlier_revisions:
+                service.previous_revision = service.earlier_revisions[-1]
             for dep in service.dependencies:
                 if dep not in self._services:
                     raise ValueError(f"{service.name} depends on unknown service {dep}")
@@ -347,6 +393,15 @@ class SimModel:
     def p95(self, name: str) -> float:
         return self.latency(name).p95_ms
 
+    def rollback_forbidden(self, name: str) -> str | None:
+        """Why ``name``'s running release may not be rolled back (a rollback-forbidden
+        fault raised while it ran, not cleared); None when it may."""
+        service = self.service(name)
+        for fault in self._faults_touching(name):
+            if fault.kind == "rollback-forbidden" and fault.service == name and fault.revision == service.revision:
+                return f"release {service.revision} of {name} is marked irreversible ({fault.id})"
+        return None
+
     def describe(self, name: str) -> dict[str, Any]:
         """One service as ``GET /services/{name}`` shows it."""
         service = self.service(name)
@@ -359,6 +414,10 @@ class SimModel:
             "replicas": service.replicas,
             "revision": service.revision,
             "previousRevision": service.previous_revision,
+            "earlierRevisions": list(service.earlier_revisions),
+            "images": service.images(service.revision),
+            "paused": service.paused,
+            "rollbackForbidden": self.rollback_forbidden(name),
             "dependencies": list(service.dependencies),
             "failoverTargets": failover,
             "activeDependencies": dict(service.active),
@@ -382,7 +441,9 @@ class SimModel:
         if kind == "bad-deploy":
             # the fault is a deploy: a new (bad) revision replaces the running one
             revision = _next_revision(target.revision)
-            target.previous_revision, target.revision = target.revision, revision
+            target.deploy(revision)
+        elif kind == "rollback-forbidden":
+            revision = target.revision  # the mark travels with the release, as the annotation in its template
         self._fault_seq += 1
         fault = Fault(f"fault-{self._fault_seq}", service, kind, dependency, revision)
         self._faults[fault.id] = fault
@@ -401,19 +462,19 @@ class SimModel:
 
     # -- actions -------------------------------------------------------------------
 
-    def validate(self, action: str, name: str, params: Mapping[str, Any]) -> None:
-        """Raise :class:`InvalidAction` unless ``action`` with ``params`` can run on ``name``."""
+    def validate(self, action: str, name: str, params: Mapping[str, Any], *, replaying: bool = False) -> None:
+        """Raise :class:`InvalidAction` unless ``action`` with ``params`` can run on ``name``.
+        ``replaying``: a ledger's recorded action, which may predate the rule that a
+        rollback names the revision it rolls back from."""
         service = self.service(name)
-        expected = {
-            "scale": {"replicas"},
-            "restart": {"rolling"},
-            "rollback": {"toRevision"},
-            "failover": {"dependency", "toTarget"},
-        }.get(action)
-        if expected is None:
+        if action in UNMODELLED:
+            raise InvalidAction(f"{action} cannot run on the sim: {UNMODELLED[action]}")
+        required, optional = _PARAMS.get(action, (None, frozenset()))
+        if required is None:
             raise InvalidAction(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
-        if set(params) != expected:
-            raise InvalidAction(f"{action} takes params {sorted(expected)}, got {sorted(params)}")
+        if not required <= set(params) <= required | optional:
+            expected = sorted(required) + [f"{p} (optional)" for p in sorted(optional)]
+            raise InvalidAction(f"{action} takes params {expected}, got {sorted(params)}")
         if action == "scale":
             replicas = params["replicas"]
             if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= MAX_REPLICAS:
@@ -421,13 +482,11 @@ class SimModel:
         elif action == "restart":
             if not isinstance(params["rolling"], bool):
                 raise InvalidAction(f"rolling must be true or false, got {params['rolling']!r}")
+        elif action == "pause":
+            if not isinstance(params["paused"], bool):
+                raise InvalidAction(f"paused must be true or false, got {params['paused']!r}")
         elif action == "rollback":
-            known = {service.revision, service.previous_revision} - {None}
-            if params["toRevision"] not in known:
-                raise InvalidAction(
-                    f"{name} can roll back only to {service.previous_revision!r} (running {service.revision!r}),"
-                    f" not {params['toRevision']!r}"
-                )
+            self._check_rollback(service, params, replaying=replaying)
         else:
             dep, to = params["dependency"], params["toTarget"]
             if dep not in service.dependencies:
@@ -436,9 +495,41 @@ class SimModel:
             if to not in allowed:
                 raise InvalidAction(f"{dep!r} can fail over only to {sorted(a for a in allowed if a)}, not {to!r}")
 
-    def apply(self, action: str, name: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _check_rollback(self, service: Service, params: Mapping[str, Any], *, replaying: bool) -> None:
+        """The Kubernetes target's refusals, in the sim's terms: the plan must name the
+        revision running now, an earlier revision to return to and, as the sim has no
+        pod-template hashes, none; its images, if it names them, must be that revision's."""
+        name, to, source = service.name, params["toRevision"], params.get("fromRevision")
+        if not isinstance(to, str) or not to:
+            raise InvalidAction(f"toRevision must be a revision name, got {to!r}")
+        if source is None and not replaying:
+            raise InvalidAction("a rollback must name the revision it rolls back from (fromRevision)")
+        if source is not None and source != service.revision:
+            raise InvalidAction(
+                f"{name} runs {service.revision!r}, not {source!r}: it changed since the rollback was planned"
+            )
+        forbidden = self.rollback_forbidden(name)
+        if forbidden is not None:
+            raise InvalidAction(f"{name} may not be rolled back: {forbidden}")
+        if service.paused:
+            raise InvalidAction(f"{name}'s rollout is paused: resume it before rolling back")
+        if to not in service.earlier_revisions:
+            raise InvalidAction(
+                f"{to!r} is not an earlier revision of {name} (running {service.revision!r};"
+                f" earlier: {', '.join(service.earlier_revisions) or 'none'})"
+            )
+        for key in ("fromTemplateHash", "toTemplateHash"):
+            if params.get(key) is not None:
+                raise InvalidAction(f"{key} must be null: the sim's revisions have no pod-template hash")
+        images = params.get("toImages") or []
+        if not isinstance(images, list) or (images and images != service.images(to)):
+            raise InvalidAction(f"toImages of {to!r} are {service.images(to)} (or none named), not {images!r}")
+
+    def apply(
+        self, action: str, name: str, params: Mapping[str, Any], *, replaying: bool = False
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Run a validated action; return the service's state (before, after)."""
-        self.validate(action, name, params)
+        self.validate(action, name, params, replaying=replaying)
         service = self.service(name)
         before = self._state(action, service, params)
         if action == "scale":
@@ -447,9 +538,10 @@ class SimModel:
             # none of the modelled faults lives in a process: a restart changes no latency
             service.restarts += 1
         elif action == "rollback":
-            target = str(params["toRevision"])
-            if target != service.revision:
-                service.previous_revision, service.revision = service.revision, target
+            service.deploy(str(params["toRevision"]))
+        elif action == "pause":
+            # no rollout here runs over time: the state is kept, shown, and holds rollbacks back
+            service.paused = bool(params["paused"])
         else:
             service.active[str(params["dependency"])] = str(params["toTarget"])
         return before, self._state(action, service, params)
@@ -461,7 +553,15 @@ class SimModel:
         elif action == "restart":
             state = {"replicas": service.replicas, "revision": service.revision, "restarts": service.restarts}
         elif action == "rollback":
-            state = {"revision": service.revision, "previousRevision": service.previous_revision}
+            # the contract's keys (revision, templateHash, images), and the sim's previousRevision
+            state = {
+                "revision": service.revision,
+                "templateHash": None,
+                "images": service.images(service.revision),
+                "previousRevision": service.previous_revision,
+            }
+        elif action == "pause":
+            state = {"paused": service.paused}
         else:
             dep = str(params["dependency"])
             state = {"dependency": dep, "activeTarget": service.active[dep]}

@@ -80,7 +80,7 @@ class SimState:
 
     def _replay(self, entry: Applied | FaultChange) -> None:
         if isinstance(entry, Applied):
-            self._model.apply(entry.action, entry.resource, entry.params)
+            self._model.apply(entry.action, entry.resource, entry.params, replaying=True)
         elif entry.change == "cleared":
             self._model.remove_fault(entry.fault_id)
         else:

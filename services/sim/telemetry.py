@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services.sim.model import Latency, Service
@@ -56,6 +56,11 @@ GRAPH_SERVER_DURATION = "traces_service_graph_request_server_seconds"
 SLO_THRESHOLD = "slo_latency_p95_threshold_seconds"
 SPEC_REPLICAS = "kube_deployment_spec_replicas"
 AVAILABLE_REPLICAS = "kube_deployment_status_replicas_available"
+SPEC_PAUSED = "kube_deployment_spec_paused"
+# kube-state-metrics' annotations series, with flotilla.dev/rollback-forbidden allowlisted
+# (--metric-annotations-allowlist): the annotation as a label, its value the reason.
+ANNOTATIONS = "kube_deployment_annotations"
+FORBIDDEN_LABEL = "annotation_flotilla_dev_rollback_forbidden"
 TARGET_INFO = "target_info"
 ACTIVE_REQUESTS = "http_server_active_requests"
 POOL_SLOTS = "worker_pool_slots"
@@ -184,6 +189,8 @@ class ServiceReading:
     buckets: list[float]  # never changed after the reading (SyntheticHistogram.advance)
     sum: float
     edges: list[tuple[_Edge, list[float], float]]  # edge, its buckets and sum
+    paused: bool = False
+    rollback_forbidden: str | None = None  # why its running release may not be rolled back
 
 
 class EstateTelemetry:
@@ -192,10 +199,14 @@ class EstateTelemetry:
     def __init__(self) -> None:
         self._series: dict[tuple[str, str], _ServiceSeries] = {}
 
-    def advance(self, rows: Iterable[tuple[Service, Latency]], now: float) -> list[ServiceReading]:
+    def advance(
+        self, rows: Iterable[tuple[Service, Latency]], now: float, forbidden: Mapping[str, str] | None = None
+    ) -> list[ServiceReading]:
         """Advance the series of the services in ``rows`` to ``now`` (seconds, any clock
         that does not go back) and read them. Only those services' series change, so a
-        scrape of a few services costs what they do."""
+        scrape of a few services costs what they do. ``forbidden``: service -> why its
+        running release may not be rolled back (published as the Deployment's annotation)."""
+        forbidden = forbidden or {}
         readings = []
         for service, latency in rows:
             key = (service.name, service.environment)
@@ -232,6 +243,8 @@ class EstateTelemetry:
                     buckets=series.server.buckets,
                     sum=series.server.sum,
                     edges=edges,
+                    paused=service.paused,
+                    rollback_forbidden=forbidden.get(service.name),
                 )
             )
         return readings
@@ -245,6 +258,8 @@ _HELP = {
     SLO_THRESHOLD: ("gauge", "The p95 latency above which the service breaches its objective, seconds."),
     SPEC_REPLICAS: ("gauge", "Desired replicas of the deployment."),
     AVAILABLE_REPLICAS: ("gauge", "Available replicas of the deployment."),
+    SPEC_PAUSED: ("gauge", "Whether the deployment is paused and will not be processed by the deployment controller."),
+    ANNOTATIONS: ("gauge", "Kubernetes annotations converted to Prometheus labels."),
     TARGET_INFO: ("gauge", "The service's resource attributes."),
     ACTIVE_REQUESTS: ("gauge", "HTTP server requests in flight, those waiting for a worker slot included."),
     POOL_SLOTS: ("gauge", "Worker slots (threads, connections) of the service; requests beyond them wait."),
@@ -299,6 +314,18 @@ def render(readings: list[ServiceReading]) -> str:
             f'{name}{{namespace="{_escape(r.environment)}",deployment="{_escape(r.name)}"}} {r.replicas}\n'
             for r in readings
         )
+    _family(out, SPEC_PAUSED)
+    out.extend(
+        f'{SPEC_PAUSED}{{namespace="{_escape(r.environment)}",deployment="{_escape(r.name)}"}} {int(r.paused)}\n'
+        for r in readings
+    )
+    _family(out, ANNOTATIONS)  # only the Deployments that carry the annotation
+    out.extend(
+        f'{ANNOTATIONS}{{namespace="{_escape(r.environment)}",deployment="{_escape(r.name)}",'
+        f'{FORBIDDEN_LABEL}="{_escape(r.rollback_forbidden)}"}} 1\n'
+        for r in readings
+        if r.rollback_forbidden is not None
+    )
     _family(out, TARGET_INFO)
     out.extend(f'{TARGET_INFO}{{{r.labels},service_version="{_escape(r.revision)}"}} 1\n' for r in readings)
     return "".join(out)

@@ -108,7 +108,7 @@ def test_a_restart_replays_faults_and_actions_in_the_order_they_happened(tmp_pat
     path = tmp_path / "ledger.sqlite"
     first = _state(path)
     deploy = first.add_fault("checkout-api", "bad-deploy", None)  # v41 -> v42 (bad)
-    first.perform("rollback", "checkout-api", {"toRevision": "v41"}, "k1", 1, None)
+    first.perform("rollback", "checkout-api", {"toRevision": "v41", "fromRevision": "v42"}, "k1", 1, None)
     second = first.add_fault("checkout-api", "bad-deploy", None)  # v41 -> v42 again
     assert first.service("checkout-api")["revision"] == second.revision == deploy.revision
 

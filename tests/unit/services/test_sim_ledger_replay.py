@@ -20,7 +20,7 @@ SERVICES = ["checkout-api", "payments-api", "inventory-db", "search-api", "check
 raise_fault = st.tuples(
     st.just("raise"),
     st.sampled_from(SERVICES),
-    st.sampled_from(["dependency-slow", "pool-exhausted", "bad-deploy"]),
+    st.sampled_from(["dependency-slow", "pool-exhausted", "bad-deploy", "rollback-forbidden"]),
 )
 clear_fault = st.tuples(st.just("clear"), st.integers(min_value=1, max_value=8))
 scale = st.tuples(st.just("scale"), st.sampled_from(SERVICES), st.integers(min_value=1, max_value=12))
@@ -41,8 +41,9 @@ def _run(state: SimState, step: tuple[Any, ...], n: int) -> None:
             state.remove_fault(f"fault-{step[1]}")
         elif step[0] == "scale":
             state.perform("scale", step[1], {"replicas": step[2]}, f"k{n}", n, None)
-        else:
-            state.perform("rollback", step[1], {"toRevision": step[2]}, f"k{n}", n, None)
+        else:  # from the revision running now, a rollback the sim may take
+            running = state.service(step[1])["revision"]
+            state.perform("rollback", step[1], {"toRevision": step[2], "fromRevision": running}, f"k{n}", n, None)
     except (InvalidAction, UnknownResource, KeyReused, StaleToken):
         pass
 
