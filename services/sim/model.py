@@ -150,7 +150,7 @@ _PARAMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "restart": (frozenset({"rolling"}), frozenset()),
     "rollback": (
         frozenset({"toRevision"}),
-        frozenset({"fromRevision", "fromTemplateHash", "toTemplateHash", "toImages"}),
+        frozenset({"fromRevision", "fromTemplateHash", "toTemplateHash", "fromImages", "toImages"}),
     ),
     "failover": (frozenset({"dependency", "toTarget"}), frozenset()),
     "pause": (frozenset({"paused"}), frozenset()),
@@ -498,7 +498,7 @@ class SimModel:
     def _check_rollback(self, service: Service, params: Mapping[str, Any], *, replaying: bool) -> None:
         """The Kubernetes target's refusals, in the sim's terms: the plan must name the
         revision running now, an earlier revision to return to and, as the sim has no
-        pod-template hashes, none; its images, if it names them, must be that revision's."""
+        pod-template hashes, none; the images it names, if any, must be those revisions'."""
         name, to, source = service.name, params["toRevision"], params.get("fromRevision")
         if not isinstance(to, str) or not to:
             raise InvalidAction(f"toRevision must be a revision name, got {to!r}")
@@ -521,9 +521,12 @@ class SimModel:
         for key in ("fromTemplateHash", "toTemplateHash"):
             if params.get(key) is not None:
                 raise InvalidAction(f"{key} must be null: the sim's revisions have no pod-template hash")
-        images = params.get("toImages") or []
-        if not isinstance(images, list) or (images and images != service.images(to)):
-            raise InvalidAction(f"toImages of {to!r} are {service.images(to)} (or none named), not {images!r}")
+        for key, revision in (("fromImages", service.revision), ("toImages", to)):
+            images = params.get(key) or []
+            if not isinstance(images, list) or (images and images != service.images(revision)):
+                raise InvalidAction(
+                    f"{key}: the images of {revision!r} are {service.images(revision)} (or none named), not {images!r}"
+                )
 
     def apply(
         self, action: str, name: str, params: Mapping[str, Any], *, replaying: bool = False

@@ -34,7 +34,8 @@ def _rollback(to: str = "v41", source: str | None = "v42", **more: Any) -> dict[
 
 def test_a_rollback_names_both_revisions_and_returns_to_the_earlier_one() -> None:
     model = _deployed()
-    before, after = model.apply("rollback", CHECKOUT, _rollback(toImages=["checkout-api=checkout-api:v41"]))
+    images = {"fromImages": ["checkout-api=checkout-api:v42"], "toImages": ["checkout-api=checkout-api:v41"]}
+    before, after = model.apply("rollback", CHECKOUT, _rollback(**images))
     assert before == {
         "revision": "v42",
         "templateHash": None,
@@ -65,8 +66,9 @@ def test_a_rollback_names_both_revisions_and_returns_to_the_earlier_one() -> Non
         (_rollback(to=""), "toRevision must be"),
         (_rollback(fromTemplateHash="5d8f7c9b6"), "no pod-template hash"),
         (_rollback(toTemplateHash="5d8f7c9b6"), "no pod-template hash"),
-        (_rollback(toImages=["checkout-api=checkout-api:v40"]), "toImages of 'v41'"),
-        (_rollback(toImages="checkout-api=checkout-api:v41"), "toImages of 'v41'"),
+        (_rollback(toImages=["checkout-api=checkout-api:v40"]), "toImages: the images of 'v41'"),
+        (_rollback(toImages="checkout-api=checkout-api:v41"), "toImages: the images of 'v41'"),
+        (_rollback(fromImages=["checkout-api=checkout-api:v41"]), "fromImages: the images of 'v42'"),
         ({**_rollback(), "force": True}, "takes params"),
     ],
 )
