@@ -10,7 +10,7 @@
 from flotilla_evidence.base import EvidenceSource, EvidenceUnavailable, StaticEvidence, neighbourhood
 from flotilla_evidence.catalogue import Catalogue, CatalogueError, Declared, load_catalogue, parse_catalogue
 from flotilla_evidence.estate import LatencyReading, PrometheusEvidence
-from flotilla_evidence.model import Series, ServiceView, Topology
+from flotilla_evidence.model import RevisionFacts, Series, ServiceView, Topology
 from flotilla_evidence.prometheus import Credentials, PrometheusClient, PrometheusUnavailable
 from flotilla_evidence.queries import Labels, Queries
 from flotilla_evidence.settings import EvidenceSettings, promql_seconds
@@ -29,6 +29,7 @@ __all__ = [
     "PrometheusEvidence",
     "PrometheusUnavailable",
     "Queries",
+    "RevisionFacts",
     "Series",
     "ServiceView",
     "StaticEvidence",

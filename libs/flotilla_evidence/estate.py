@@ -35,7 +35,7 @@ from flotilla.bounds import name_problem, shown
 from flotilla_evidence.base import EvidenceUnavailable
 from flotilla_evidence.catalogue import Catalogue
 from flotilla_evidence.coalesce import Coalescer
-from flotilla_evidence.model import Series, ServiceView, Topology
+from flotilla_evidence.model import RevisionFacts, Series, ServiceView, Topology
 from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
 from flotilla_evidence.queries import Labels, Queries, askable_scope
 
@@ -337,7 +337,8 @@ class PrometheusEvidence:
             instant["edges"] = ("services", scope)
         deployments = {} if keys is None else {self._deployment(k): k for k in keys}
         if deployments:
-            instant["replicas"] = ("deployments", frozenset(d for _, d in deployments))
+            for query in ("replicas", "paused", "rollback_forbidden"):
+                instant[query] = ("deployments", frozenset(d for _, d in deployments))
         ranges: dict[str, Scope] = {"versions": ("services", scope)}
         if scope is not None and environment is not None:
             ranges["service_p95"] = ("services", scope)  # the history of each name
@@ -357,6 +358,8 @@ class PrometheusEvidence:
         known = {name for _, name in in_scope} | {s for _, s in edges}
         replicas = self._replicas_from(read.get("replicas", []), deployments) if keys else self._replicas(in_scope)
         utilization = {k[1]: v for k, v in self._per_service(read["utilization"]).items() if k in in_scope}
+        paused = {k: v > 0 for k, v in self._per_deployment(read.get("paused", []), deployments).items()}
+        forbidden = self._forbidden_from(read.get("rollback_forbidden", []), deployments)
 
         services: dict[str, ServiceView] = {}
         dependency_p95: dict[tuple[str, str], float] = {}
@@ -397,6 +400,14 @@ class PrometheusEvidence:
                 failover_targets=failover,
                 active_dependencies=active,
                 revision_changed_at=None if version is None else version.changed_at,
+                # The sim's rollback names revisions by the version it reports; on Kubernetes
+                # flotilla_evidence.kubernetes replaces these with the ReplicaSets' facts.
+                running=None if version is None else RevisionFacts(version.current),
+                rollback_candidate=None
+                if version is None or version.previous is None
+                else RevisionFacts(version.previous),
+                rollback_forbidden=forbidden.get(key),
+                paused=paused.get(key) if keys else None,
             )
         history: dict[str, Series] = {}
         if around is not None and around in services:
@@ -452,11 +463,26 @@ class PrometheusEvidence:
         return self._replicas_from(self._query("replicas", deployments={d for _, d in deployments}), deployments)
 
     def _replicas_from(self, readings: list[Reading], deployments: Mapping[tuple[str, str], Key]) -> dict[Key, int]:
+        return {key: int(value) for key, value in self._per_deployment(readings, deployments).items()}
+
+    def _per_deployment(self, readings: list[Reading], deployments: Mapping[tuple[str, str], Key]) -> dict[Key, float]:
         found = {}
         for r in readings:
             where = (r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, ""))
             if where in deployments:
-                found[deployments[where]] = int(r.value)
+                found[deployments[where]] = r.value
+        return found
+
+    def _forbidden_from(self, readings: list[Reading], deployments: Mapping[tuple[str, str], Key]) -> dict[Key, str]:
+        """Each Deployment's rollback-forbidden reason (the annotation's text, bounded by
+        ServiceView); with several series (the text changed within the window) the first by
+        text, so a snapshot is the same whichever order Prometheus answered in."""
+        found: dict[Key, str] = {}
+        for r in sorted(readings, key=lambda r: r.labels.get(self.labels.rollback_forbidden, "")):
+            where = (r.labels.get(self.labels.namespace, ""), r.labels.get(self.labels.deployment, ""))
+            reason = r.labels.get(self.labels.rollback_forbidden, "").strip()
+            if where in deployments and reason:
+                found.setdefault(deployments[where], reason)
         return found
 
     def replicas(self, environment: str, name: str) -> int | None:

@@ -3,7 +3,10 @@
 Prometheus knows latency; the API server knows the workload: the replicas a Deployment
 wants and has available, which ReplicaSet revision runs and which image it runs, when
 that revision appeared (a "recent rollout" signal, the first thing an SRE checks), and
-the Deployment's recent events. :class:`KubernetesEvidence` wraps an evidence source
+the Deployment's recent events; and the facts a rollback is planned with (the running and
+the newest older ReplicaSet's revision number, pod-template hash and images, whether the
+Deployment is paused, and the ``flotilla.dev/rollback-forbidden`` annotation on the
+Deployment or in the running ReplicaSet's pod template). :class:`KubernetesEvidence` wraps an evidence source
 (``PrometheusEvidence`` in production) and fills those fields of each service it can
 place in a namespace, reading only: ``get``/``list`` of deployments, replicasets and
 events (infra/k8s/overlays/production/diagnostic-rbac.yaml grants exactly that).
@@ -25,9 +28,11 @@ from urllib.parse import quote
 import httpx
 
 from flotilla_evidence.base import EvidenceSource, EvidenceUnavailable
-from flotilla_evidence.model import ServiceView, Topology
+from flotilla_evidence.model import RevisionFacts, ServiceView, Topology
 
 REVISION = "deployment.kubernetes.io/revision"
+TEMPLATE_HASH = "pod-template-hash"
+ROLLBACK_FORBIDDEN = "flotilla.dev/rollback-forbidden"
 EVENTS_KEPT = 5
 
 
@@ -41,6 +46,10 @@ class Rollout:
     previous_revision: str | None
     changed_at: datetime | None  # when the running revision's ReplicaSet appeared (None: the only one)
     events: tuple[str, ...] = ()
+    running: RevisionFacts | None = None  # the running ReplicaSet's
+    rollback_candidate: RevisionFacts | None = None  # the newest older ReplicaSet's
+    rollback_forbidden: str | None = None
+    paused: bool = False
 
 
 class KubernetesApi:
@@ -87,6 +96,34 @@ def _images(template: Mapping[str, Any]) -> str:
     return ",".join(str(c.get("image", "?")) for c in containers) or "?"
 
 
+def facts_of(rs: Mapping[str, Any]) -> RevisionFacts | None:
+    """A ReplicaSet's revision number, pod-template hash and images ("container=image" in
+    order); None without a revision number (a ReplicaSet no Deployment controller numbered)."""
+    number = _revision_of(rs)
+    if number <= 0:
+        return None
+    containers = rs.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    return RevisionFacts(
+        revision=str(number),
+        template_hash=rs["metadata"].get("labels", {}).get(TEMPLATE_HASH),
+        images=tuple(f"{c.get('name', '?')}={c.get('image', '?')}" for c in containers),
+    )
+
+
+def forbidden_reason(deployment: Mapping[str, Any], running: Mapping[str, Any] | None) -> str | None:
+    """Why the Deployment may not be rolled back: its own ``flotilla.dev/rollback-forbidden``
+    annotation, else the running template's (a release marked so carries it); None if neither."""
+    template = (running if running is not None else deployment).get("spec", {}).get("template", {})
+    for marked in (
+        deployment["metadata"].get("annotations") or {},
+        template.get("metadata", {}).get("annotations") or {},
+    ):
+        reason = marked.get(ROLLBACK_FORBIDDEN)
+        if reason is not None:
+            return reason.strip() or "marked irreversible (no reason given)"
+    return None
+
+
 def _revision_of(obj: Mapping[str, Any]) -> int:
     try:
         return int(obj["metadata"].get("annotations", {}).get(REVISION, "0"))
@@ -129,6 +166,10 @@ def rollout_of(api: KubernetesApi, namespace: str, deployment: str) -> Rollout |
         previous_revision=described(older[-1]) if older else None,
         changed_at=_timestamp(current["metadata"].get("creationTimestamp")) if current is not None and older else None,
         events=tuple(f"{e.get('reason', '?')}: {e.get('message', '')}"[:300] for e in recent[-EVENTS_KEPT:]),
+        running=facts_of(current) if current is not None else None,
+        rollback_candidate=facts_of(older[-1]) if older else None,
+        rollback_forbidden=forbidden_reason(found, current),
+        paused=bool(found["spec"].get("paused", False)),
     )
 
 
@@ -186,4 +227,8 @@ def with_rollout(view: ServiceView, rollout: Rollout) -> ServiceView:
         previous_revision=rollout.previous_revision,
         revision_changed_at=rollout.changed_at,
         events=rollout.events,
+        running=rollout.running,
+        rollback_candidate=rollout.rollback_candidate,
+        rollback_forbidden=rollout.rollback_forbidden,
+        paused=rollout.paused,
     )

@@ -18,6 +18,42 @@ from typing import Any
 Series = tuple[tuple[datetime, float], ...]
 
 
+# Bounds on revision facts read from a source any workload can write into (a template's
+# images, an annotation's text): enough for a real pod, never a prompt's worth.
+MAX_IMAGES = 16
+MAX_FACT_CHARS = 300
+
+
+def bounded(text: str) -> str:
+    """``text`` cut to MAX_FACT_CHARS, control characters as spaces."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text[:MAX_FACT_CHARS])
+
+
+@dataclass(frozen=True)
+class RevisionFacts:
+    """One revision of a service, as a target rolls back by it (issue 40's contract).
+
+    ``revision`` is the target's own id: a ReplicaSet's revision number as text on
+    Kubernetes (``deployment.kubernetes.io/revision``), the revision name in the sim (its
+    ``service_version``). ``template_hash`` is the ReplicaSet's ``pod-template-hash``
+    (None where there is none); ``images`` its containers' images in order, each
+    ``"container=image"`` (empty where the source does not know them).
+    """
+
+    revision: str
+    template_hash: str | None = None
+    images: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "revision", bounded(self.revision))
+        if self.template_hash is not None:
+            object.__setattr__(self, "template_hash", bounded(self.template_hash))
+        object.__setattr__(self, "images", tuple(bounded(i) for i in self.images[:MAX_IMAGES]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"revision": self.revision, "templateHash": self.template_hash, "images": list(self.images)}
+
+
 @dataclass(frozen=True)
 class ServiceView:
     """One service as the estate's telemetry (and catalogue) describe it.
@@ -26,6 +62,13 @@ class ServiceView:
     it): a plan that sizes a scale-out then refuses rather than guesses.
     ``revision_changed_at`` is when the current revision first appeared within the
     source's look-back (None: it is the only one seen there).
+
+    ``revision`` and ``previous_revision`` describe (images and number, for a person and a
+    prompt); ``running`` and ``rollback_candidate`` (the newest older revision) are the
+    facts a rollback is planned with, None where the source cannot tell them.
+    ``rollback_forbidden`` is why the running release may not be rolled back (the
+    ``flotilla.dev/rollback-forbidden`` annotation, or the sim's mark); ``paused`` whether
+    its rollout is paused (None: unknown).
     """
 
     name: str
@@ -43,6 +86,14 @@ class ServiceView:
     # ready for traffic, and the Deployment's recent events ("reason: message").
     available_replicas: int | None = None
     events: tuple[str, ...] = ()
+    running: RevisionFacts | None = None
+    rollback_candidate: RevisionFacts | None = None
+    rollback_forbidden: str | None = None
+    paused: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.rollback_forbidden is not None:
+            object.__setattr__(self, "rollback_forbidden", bounded(self.rollback_forbidden))
 
     @property
     def key(self) -> str:
@@ -67,6 +118,10 @@ class ServiceView:
             "activeDependencies": dict(self.active_dependencies),
             "availableReplicas": self.available_replicas,
             "recentEvents": list(self.events),
+            "runningRevision": None if self.running is None else self.running.to_json(),
+            "rollbackCandidate": None if self.rollback_candidate is None else self.rollback_candidate.to_json(),
+            "rollbackForbidden": self.rollback_forbidden,
+            "paused": self.paused,
         }
 
 

@@ -70,6 +70,20 @@ DEFAULTS = {
         "max by (namespace, deployment) "
         '(last_over_time(kube_deployment_spec_replicas{${trusted}deployment=~"$deployments"}[$window]))'
     ),
+    # whether a Deployment's rollout is paused (kube-state-metrics), last over the window
+    "paused": (
+        "max by (namespace, deployment) "
+        '(last_over_time(kube_deployment_spec_paused{${trusted}deployment=~"$deployments"}[$window]))'
+    ),
+    # why a Deployment may not be rolled back: its flotilla.dev/rollback-forbidden annotation,
+    # which kube-state-metrics exposes once allowlisted (--metric-annotations-allowlist=
+    # deployments=[flotilla.dev/rollback-forbidden]). Last over the window: a missed scrape
+    # errs on the side of refusing.
+    "rollback_forbidden": (
+        "max by (namespace, deployment, annotation_flotilla_dev_rollback_forbidden) "
+        '(last_over_time(kube_deployment_annotations{${trusted}deployment=~"$deployments",'
+        'annotation_flotilla_dev_rollback_forbidden!=""}[$window]))'
+    ),
     # the running version, over the look-back (a range query: before and after a change)
     "versions": (
         "max by (service_name, deployment_environment_name, service_version) "
@@ -90,6 +104,8 @@ SCOPED_BY = {
     "edge_p95": "client",
     "threshold": "service",
     "replicas": "deployment",
+    "paused": "deployment",
+    "rollback_forbidden": "deployment",
     "versions": "service",
 }
 
@@ -106,6 +122,7 @@ class Labels:
     namespace: str = "namespace"
     deployment: str = "deployment"
     version: str = "service_version"
+    rollback_forbidden: str = "annotation_flotilla_dev_rollback_forbidden"
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,8 @@ class Queries:
     edge_p95: str = DEFAULTS["edge_p95"]
     threshold: str = DEFAULTS["threshold"]
     replicas: str = DEFAULTS["replicas"]
+    paused: str = DEFAULTS["paused"]
+    rollback_forbidden: str = DEFAULTS["rollback_forbidden"]
     versions: str = DEFAULTS["versions"]
     utilization: str = DEFAULTS["utilization"]
     window: str = "2m"

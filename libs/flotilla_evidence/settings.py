@@ -66,6 +66,8 @@ class EvidenceSettings(ServiceSettings):
     promql_edge_p95: str | None = None
     promql_threshold: str | None = None
     promql_replicas: str | None = None
+    promql_paused: str | None = None
+    promql_rollback_forbidden: str | None = None
     promql_versions: str | None = None
     promql_utilization: str | None = None
     # The scrape jobs whose series every default query believes (comma-separated; each
