@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flotilla import actions
 from flotilla.envelope import Envelope
 from flotilla.fleet import AUDIT, POLICY, SIM, url
 from flotilla.registry import registry_client
@@ -55,10 +56,7 @@ SHOWN = {
     "RecoveryProposed": ("proposalId", "digest"),
     "HumanApprovalRequired": ("proposalId", "requiredRole", "deadline"),
     "RecoveryApproved": ("approvedBy", "auto"),
-    "ScaleService": ("idempotencyKey", "replicas"),
-    "RestartService": ("idempotencyKey",),
-    "RollbackDeployment": ("idempotencyKey", "toRevision"),
-    "FailoverDependency": ("idempotencyKey", "dependency", "toTarget"),
+    **{spec.kind: ("idempotencyKey", *spec.key_fields) for spec in actions.SPECS},
     "RecoveryExecuted": ("idempotencyKey", "fencingEpoch", "outcome"),
     "CommandFailed": ("idempotencyKey", "errorClass", "errorMessage"),
     "RecoveryCompleted": ("service", "p95LatencyMs"),

@@ -36,6 +36,9 @@ __all__ = [
     "HumanApprovalRequired",
     "IncidentEscalated",
     "LoopTerminated",
+    "PauseRollout",
+    "RaiseAutoscalerCeiling",
+    "RaiseMemoryLimit",
     "Reasoning",
     "RecoveryApproved",
     "RecoveryCompleted",
@@ -131,6 +134,76 @@ class FailoverDependency(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PauseRollout(Record):
+    """Command: pause a service's rollout where it is (paused=true) while a person decides, or resume it
+    (paused=false). Authorized by the policy service, carried out once by the executor.
+
+    schemas/commands/PauseRollout.avsc
+    """
+
+    TYPE: ClassVar[str] = "dev.flotilla.commands.PauseRollout"
+    TOPIC: ClassVar[str] = "commands"
+    command_id: str
+    idempotency_key: str
+    incident_id: str
+    proposal_id: str
+    target: ResourceRef
+    paused: bool
+    issued_at: datetime
+    expires_at: datetime
+    authorization: Authorization | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RaiseAutoscalerCeiling(Record):
+    """Command: raise the ceiling of the autoscaler that sizes a service, when the service is pinned at it.
+    Bounded by policy (at most 2x) and by the maximum the autoscaler declares; refused by the target if the
+    ceiling is no longer fromMaxReplicas.
+
+    schemas/commands/RaiseAutoscalerCeiling.avsc
+    """
+
+    TYPE: ClassVar[str] = "dev.flotilla.commands.RaiseAutoscalerCeiling"
+    TOPIC: ClassVar[str] = "commands"
+    command_id: str
+    idempotency_key: str
+    incident_id: str
+    proposal_id: str
+    target: ResourceRef
+    autoscaler_kind: str
+    autoscaler: str
+    from_max_replicas: int
+    max_replicas: int
+    issued_at: datetime
+    expires_at: datetime
+    authorization: Authorization | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RaiseMemoryLimit(Record):
+    """Command: raise one container's memory limit in a service's pod template after out-of-memory kills.
+    Bounded by policy (at most 2x) and by the maximum the Deployment declares; refused by the target if the
+    limit is no longer fromMemoryLimitBytes. Rolls out as a new revision.
+
+    schemas/commands/RaiseMemoryLimit.avsc
+    """
+
+    TYPE: ClassVar[str] = "dev.flotilla.commands.RaiseMemoryLimit"
+    TOPIC: ClassVar[str] = "commands"
+    command_id: str
+    idempotency_key: str
+    incident_id: str
+    proposal_id: str
+    target: ResourceRef
+    container: str
+    from_memory_limit_bytes: int
+    memory_limit_bytes: int
+    issued_at: datetime
+    expires_at: datetime
+    authorization: Authorization | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RestartService(Record):
     """Command: restart the instances of a service. Authorized by the policy service, carried out once by the
     executor.
@@ -153,8 +226,9 @@ class RestartService(Record):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RollbackDeployment(Record):
-    """Command: roll a service's deployment back to an earlier revision. Authorized by the policy service,
-    carried out once by the executor.
+    """Command: roll a service's deployment back to an exact earlier revision, naming the revision it rolls
+    back from. Authorized by the policy service, carried out once by the executor, refused by the target if
+    the service no longer runs the from-revision.
 
     schemas/commands/RollbackDeployment.avsc
     """
@@ -167,6 +241,11 @@ class RollbackDeployment(Record):
     proposal_id: str
     target: ResourceRef
     to_revision: str
+    from_revision: str | None = None
+    from_template_hash: str | None = None
+    to_template_hash: str | None = None
+    from_images: tuple[str, ...] = ()
+    to_images: tuple[str, ...] = ()
     issued_at: datetime
     expires_at: datetime
     authorization: Authorization | None = None
@@ -773,6 +852,9 @@ class ServiceLatencyIncreased(Record):
 BY_TYPE: dict[str, type[Record]] = {
     ChainAnchored.TYPE: ChainAnchored,
     FailoverDependency.TYPE: FailoverDependency,
+    PauseRollout.TYPE: PauseRollout,
+    RaiseAutoscalerCeiling.TYPE: RaiseAutoscalerCeiling,
+    RaiseMemoryLimit.TYPE: RaiseMemoryLimit,
     RestartService.TYPE: RestartService,
     RollbackDeployment.TYPE: RollbackDeployment,
     ScaleService.TYPE: ScaleService,

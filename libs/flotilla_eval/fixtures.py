@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, EvidenceItem, Reasoning, Verdict
+from flotilla_reasoning.decision import PLANNED
 from flotilla_reasoning.model import CAUSE_CATEGORIES
 
 from flotilla_eval.evidence import read_evidence
@@ -56,11 +57,16 @@ SCENARIOS = Path(__file__).parent / "scenarios"  # shipped with the package
 CASE_KEYS = ("id", "title", "tags", "evidence", "expected")
 CASE_OPTIONAL = ("stage", "diagnosis", "why")
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+def snake(name: str) -> str:
+    """A record field's name as the cases write it: ``toRevision`` → ``to_revision``."""
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+# the params a case may expect of each action a reasoner plans
 RULE_PARAMS = {
-    "scale": ("replicas",),
-    "restart": ("rolling",),
-    "rollback": ("to_revision",),
-    "failover": ("dependency", "to_target"),
+    **{spec.action: tuple(snake(p.name) for p in spec.params if p.planned) for spec in PLANNED},
     ANY_ACTION: (),
     NO_ACTION: (),
 }

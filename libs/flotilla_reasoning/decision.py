@@ -15,6 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from flotilla import actions
+from flotilla.actions import ParamType
 from flotilla_reasoning.model import (
     CAUSE_CATEGORIES,
     Action,
@@ -83,19 +85,44 @@ DIAGNOSIS_SCHEMA: dict[str, Any] = {
     },
 }
 
+# The kinds a reasoner may plan, and their parameters a reasoner chooses.
+PLANNED = tuple(spec for spec in actions.SPECS if spec.reasoners_plan)
+
+
+def _planned_params() -> dict[str, ParamType]:
+    """Every parameter a reasoner chooses, across the kinds (one name, one type)."""
+    found: dict[str, ParamType] = {}
+    for spec in PLANNED:
+        for param in spec.params:
+            if param.planned and found.setdefault(param.name, param.type) is not param.type:
+                raise TypeError(f"{param.name} has two types across the action kinds")
+    return found
+
+
+def _param_schema(name: str, kind: ParamType) -> dict[str, Any]:
+    docs = [p.doc for spec in PLANNED for p in spec.params if p.name == name and p.planned]
+    schema = {**_nullable(kind.json_type), "description": "; ".join(docs)}
+    if kind is ParamType.TEXTS:
+        schema["items"] = {"type": "string"}
+    return schema
+
+
+# Each kind's planned parameters, and all of them: a step has every one, null where it
+# does not apply (the strict subset has no optional properties).
+_STEP_PARAMS: dict[Action, tuple[str, ...]] = {
+    Action(spec.action): tuple(p.name for p in spec.params if p.planned) for spec in PLANNED
+}
+_ALL_PARAMS = tuple(_planned_params())
+
 STEP_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["action", "service", "environment", "replicas", "rolling", "toRevision", "dependency", "toTarget"],
+    "required": ["action", "service", "environment", *_ALL_PARAMS],
     "properties": {
-        "action": {"type": "string", "enum": [a.value for a in Action]},
+        "action": {"type": "string", "enum": [spec.action for spec in PLANNED]},
         "service": {"type": "string", "description": "a service of the topology"},
         "environment": {"type": "string", "description": "that service's environment"},
-        "replicas": {**_nullable("integer"), "description": "scale: desired replica count"},
-        "rolling": {**_nullable("boolean"), "description": "restart: one instance at a time"},
-        "toRevision": {**_nullable("string"), "description": "rollback: the revision to return to"},
-        "dependency": {**_nullable("string"), "description": "failover: the dependency to move"},
-        "toTarget": {**_nullable("string"), "description": "failover: one of the service's failover targets"},
+        **{name: _param_schema(name, kind) for name, kind in _planned_params().items()},
     },
 }
 
@@ -112,15 +139,6 @@ PROPOSAL_SCHEMA: dict[str, Any] = {
         "evidence": {"type": "array", "items": EVIDENCE_SCHEMA},
     },
 }
-
-_STEP_PARAMS: dict[Action, tuple[str, ...]] = {
-    Action.SCALE: ("replicas",),
-    Action.RESTART: ("rolling",),
-    Action.ROLLBACK: ("toRevision",),
-    Action.FAILOVER: ("dependency", "toTarget"),
-}
-_ALL_PARAMS = ("replicas", "rolling", "toRevision", "dependency", "toTarget")
-
 
 # ------------------------------------------------------------ JSON Schema
 
@@ -293,10 +311,9 @@ def _step_problems(i: int, step: dict[str, Any], topology: Topology, max_replica
             found.append(f"{path}.{name}: must be null for {action.value}")
     if found:
         return found
+    found = [f"{path}: {problem}" for problem in actions.by_action(action).check(step)]
     if action is Action.SCALE and not 1 <= step["replicas"] <= max_replicas:
         found.append(f"{path}.replicas: must be between 1 and {max_replicas}, got {step['replicas']}")
-    elif action is Action.ROLLBACK and not str(step["toRevision"]).strip():
-        found.append(f"{path}.toRevision: must not be empty")
     elif action is Action.FAILOVER:
         dependency, target = step["dependency"], step["toTarget"]
         if dependency not in service.dependencies:

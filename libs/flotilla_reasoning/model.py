@@ -17,6 +17,7 @@ from typing import Any
 from flotilla_evidence.model import ServiceView, Topology
 
 from flotilla import records
+from flotilla.actions import Action
 
 __all__ = [
     "CAUSE_CATEGORIES",
@@ -160,21 +161,13 @@ class Diagnosis:
     environment: str | None = None  # the service's (None from a record older than the field)
 
 
-class Action(enum.StrEnum):
-    """What a command does; the names are the sim's and the executor's action names."""
-
-    SCALE = "scale"
-    RESTART = "restart"
-    ROLLBACK = "rollback"
-    FAILOVER = "failover"
-
-
 @dataclass(frozen=True)
 class PlannedStep:
     """One step of a plan: an action on a service with its parameters.
 
-    ``params`` holds exactly the command's own fields: ``replicas`` (scale), ``rolling``
-    (restart), ``toRevision`` (rollback), ``dependency`` and ``toTarget`` (failover).
+    ``params`` holds the command's own fields (:mod:`flotilla.actions` names each kind's);
+    facts a reasoner does not choose (a rollback's hashes and images) may be absent and are
+    filled from the evidence by the agent.
     """
 
     action: Action

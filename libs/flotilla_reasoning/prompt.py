@@ -42,6 +42,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionMessageParam
 
+from flotilla_reasoning.decision import PLANNED
 from flotilla_reasoning.model import Diagnosis, DiagnosticEvidence, Topology
 
 TEXT_MAX = 1000  # free text: an alert's summary, an earlier decision's summary or evidence note
@@ -84,12 +85,13 @@ Fields that do not apply to your verdict are null. incidentId and service are co
 confidence is between 0 and 1. evidence lists the observations you rely on, most important first.
 {DATA_RULES}"""
 
+ACTIONS = ", ".join(spec.usage for spec in PLANNED)
+
 PROPOSE_SYSTEM = f"""\
 You are the remediation agent of an incident-response system. From a diagnosis and the \
 topology, propose a recovery plan of one to five steps, run in order; answer with one JSON \
 object that matches the response schema exactly — no other text, no extra fields.
-Actions: scale (replicas: the absolute count), restart (rolling: true or false), rollback \
-(toRevision), failover (dependency and toTarget, one of the service's failoverTargets). Each \
+Actions: {ACTIONS}. Each \
 step names a service of the topology and its environment; parameters that do not apply to \
 the step's action are null. incidentId and diagnosisEventId are copied exactly. Your plan is \
 a proposal: a policy and possibly a person decide whether it runs.

@@ -13,22 +13,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flotilla import BusinessRuleViolation
+from flotilla import BusinessRuleViolation, actions
+from flotilla.actions import ActionSpec
+from flotilla.commands import resource_key
 
-_NS = "dev.flotilla.commands."
-SCALE = _NS + "ScaleService"
-RESTART = _NS + "RestartService"
-ROLLBACK = _NS + "RollbackDeployment"
-FAILOVER = _NS + "FailoverDependency"
-
-# command record -> (target action, the record's fields that are the action's params)
-ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    SCALE: ("scale", ("replicas",)),
-    RESTART: ("restart", ("rolling",)),
-    ROLLBACK: ("rollback", ("toRevision",)),
-    FAILOVER: ("failover", ("dependency", "toTarget")),
-}
-COMMAND_TYPE_OF_ACTION = {action: record for record, (action, _) in ACTIONS.items()}
+# command record -> its kind's definition, from the one table of kinds
+SPECS: dict[str, ActionSpec] = {spec.record_type: spec for spec in actions.SPECS}
+SCALE, RESTART, ROLLBACK, FAILOVER = (
+    actions.by_action(a).record_type for a in (actions.Action.SCALE, "restart", "rollback", "failover")
+)
 
 COMPENSATE_SUFFIX = ":compensate"
 _COMPENSATION_IDS = uuid.UUID("6d0f4c1e-5a0b-4f7e-9a43-3c1b2f8e7d10")  # namespace for derived command ids
@@ -55,6 +48,11 @@ class Step:
         return resource_key(self.target)
 
     @property
+    def spec(self) -> ActionSpec:
+        """The definition of this step's kind (texts, undo)."""
+        return actions.by_action(self.action)
+
+    @property
     def name(self) -> str:
         return str(self.target["name"])
 
@@ -62,19 +60,15 @@ class Step:
         return self.expires_at is not None and now >= self.expires_at
 
 
-def resource_key(target: Mapping[str, str]) -> str:
-    return f"{target['environment']}/{target['name']}"
-
-
 def is_command(record_type: str) -> bool:
-    return record_type in ACTIONS
+    return record_type in SPECS
 
 
 def from_record(record_type: str, value: Mapping[str, Any]) -> Step:
     """The step a decoded command record asks for; BusinessRuleViolation if it cannot run."""
-    if record_type not in ACTIONS:
+    if record_type not in SPECS:
         raise BusinessRuleViolation(f"{record_type} is not a command the executor carries out")
-    action, param_fields = ACTIONS[record_type]
+    spec = SPECS[record_type]
     key = str(value["idempotencyKey"]).strip()
     if not key:
         raise BusinessRuleViolation("a command without an idempotency key is never executed")
@@ -90,8 +84,8 @@ def from_record(record_type: str, value: Mapping[str, Any]) -> Step:
         incident_id=str(value["incidentId"]),
         proposal_id=str(value["proposalId"]),
         target=target,
-        action=action,
-        params={f: value[f] for f in param_fields},
+        action=spec.action,
+        params=spec.params_of(value),
         expires_at=value["expiresAt"],
     )
 
@@ -101,7 +95,7 @@ def compensation(of: Step, action: str, params: Mapping[str, Any]) -> Step:
     derived from the original's, so a retried compensation is the same compensation."""
     return Step(
         command_id=str(uuid.uuid5(_COMPENSATION_IDS, f"{of.command_id}{COMPENSATE_SUFFIX}")),
-        command_type=COMMAND_TYPE_OF_ACTION[action],
+        command_type=actions.by_action(action).record_type,
         idempotency_key=of.idempotency_key + COMPENSATE_SUFFIX,
         incident_id=of.incident_id,
         proposal_id=of.proposal_id,

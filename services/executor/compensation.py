@@ -6,7 +6,10 @@ reported *before* it ran; undoing a step means driving the resource back to that
 - scale → scale back to the previous replica count;
 - rollback → roll forward to the revision that was running before;
 - failover → fail back to the dependency target that was active before;
+- pause → resume (or pause again); a raised ceiling or memory limit → set back;
 - restart → nothing to undo (a restart leaves no state behind to restore), said so.
+
+Each kind says how it is undone (``ActionSpec.undo`` in :mod:`flotilla.actions`).
 
 Steps are undone in the reverse of the order they completed, because a later step may
 rely on an earlier one (fail back before scaling down the service that absorbed the load).
@@ -21,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flotilla.actions import CannotUndo
 from services.executor.commands import Step, compensation
 from services.executor.execution import Applied, Failed, Outcome, Replayed
 
@@ -52,39 +56,17 @@ class Undo:
     impossible: bool = False
 
 
-def _required(before: Mapping[str, Any], key: str, step: Step) -> Any:
-    value = before.get(key)
-    if value is None:
-        raise CannotCompensate(
-            f"cannot undo {step.action} of {step.name} ({step.idempotency_key}): the recorded before-state has no {key}"
-        )
-    return value
-
-
 def undo(done: Completed) -> Undo:
-    """The compensation for one completed step; CannotCompensate if its before-state is unusable."""
-    step, before = done.step, done.before
-    if step.action == "scale":
-        replicas = int(_required(before, "replicas", step))
-        return Undo(done, compensation(step, "scale", {"replicas": replicas}), f"scale {step.name} back to {replicas}")
-    if step.action == "rollback":
-        revision = str(_required(before, "revision", step))
-        return Undo(
-            done,
-            compensation(step, "rollback", {"toRevision": revision}),
-            f"roll {step.name} forward to {revision}",
-        )
-    if step.action == "failover":
-        dependency = str(step.params["dependency"])
-        previous = str(_required(before, "activeTarget", step))
-        return Undo(
-            done,
-            compensation(step, "failover", {"dependency": dependency, "toTarget": previous}),
-            f"fail {step.name}'s {dependency} back to {previous}",
-        )
-    if step.action == "restart":
-        return Undo(done, None, f"restart of {step.name} has nothing to undo")
-    raise CannotCompensate(f"no compensation is known for action {step.action!r}")
+    """The compensation for one completed step (its kind's ``undo``); CannotCompensate if
+    its recorded state cannot tell what to go back to."""
+    step = done.step
+    try:
+        reversal = step.spec.undo(step.name, step.params, done.before, done.after)
+    except CannotUndo as exc:
+        raise CannotCompensate(f"cannot undo {step.action} of {step.name} ({step.idempotency_key}): {exc}") from None
+    if reversal.params is None:
+        return Undo(done, None, reversal.text)
+    return Undo(done, compensation(step, step.action, reversal.params), reversal.text)
 
 
 def plan(completed: Sequence[Completed]) -> list[Undo]:

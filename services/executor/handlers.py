@@ -57,7 +57,7 @@ class ExecutorHandlers:
         self.clock = clock
 
     def mapping(self) -> dict[str, Handler]:
-        handlers: dict[str, Handler] = {record_type: self.on_command for record_type in commands.ACTIONS}
+        handlers: dict[str, Handler] = {record_type: self.on_command for record_type in commands.SPECS}
         handlers[RecoveryFailed.TYPE] = self.on_recovery_failed
         handlers[RecoveryCompleted.TYPE] = self.on_recovery_completed
         return handlers

@@ -30,24 +30,9 @@ def _about(step: Step) -> dict[str, Any]:
     }
 
 
-def _change(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> str:
-    return f"from {before.get(key, '?')} to {after.get(key, '?')}"
-
-
 def describe(step: Step, before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     """One sentence: what the step did, e.g. ``checkout-api scaled from 4 to 12 replicas``."""
-    name = step.name
-    if step.action == "scale":
-        what = f"{name} scaled {_change(before, after, 'replicas')} replicas"
-    elif step.action == "rollback":
-        what = f"{name} moved {_change(before, after, 'revision')}"
-    elif step.action == "failover":
-        dependency = step.params.get("dependency", "?")
-        what = f"{name}'s dependency {dependency} switched {_change(before, after, 'activeTarget')}"
-    elif step.action == "restart":
-        what = f"{name} restarted ({'rolling' if step.params.get('rolling') else 'all at once'})"
-    else:
-        what = f"{step.action} on {name}"
+    what = step.spec.outcome(step.name, step.params, before, after)
     if "p95Ms" in before and "p95Ms" in after:
         what += f" (p95 {before['p95Ms']} ms → {after['p95Ms']} ms)"
     if step.compensates is not None:

@@ -1,11 +1,12 @@
 """The steps of a proposal as commands: which kind each is, where it goes, what it says.
 
-A ``RecoveryProposed`` carries its steps as an Avro union of the four command records.
+A ``RecoveryProposed`` carries its steps as an Avro union of the command records.
 Decoded, a step is a plain mapping without its record name, so the kind is read off the
-fields that only that command has. Stored, a step is kept in the canonical form the
-digest is computed over (timestamps as epoch milliseconds, UUIDs as text): hashing the
-stored steps again gives the proposal's digest, and the command records issued after an
-approval are exactly those bytes' source, not a re-creation.
+fields that only that command has (each kind's in :mod:`flotilla.actions`). Stored, a
+step is kept in the canonical form the digest is computed over (timestamps as epoch
+milliseconds, UUIDs as text): hashing the stored steps again gives the proposal's
+digest, and the command records issued after an approval are exactly those bytes'
+source, not a re-creation.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flotilla.commands import COMMON_FIELDS, KINDS
+from flotilla import actions
+from flotilla.commands import COMMON_FIELDS
 from flotilla.digest import canonical_json
 
 # Each kind's own fields, from the one definition of the commands.
-KIND_FIELDS: dict[str, frozenset[str]] = {kind: frozenset(own) for kind, (_, own) in KINDS.items()}
+KIND_FIELDS: dict[str, frozenset[str]] = {spec.kind: frozenset(spec.fields) for spec in actions.SPECS}
 
 
 class MalformedStep(ValueError):
@@ -27,9 +29,15 @@ class MalformedStep(ValueError):
 
 
 def command_kind(step: Mapping[str, Any]) -> str:
-    """``ScaleService`` etc.: the command whose field set ``step`` has exactly."""
+    """``ScaleService`` etc.: the one command whose fields ``step`` has: all its required
+    ones, and nothing but its own (a field with a default may be absent from a step
+    stored before the field existed)."""
     fields = set(step)
-    matches = [kind for kind, own in KIND_FIELDS.items() if fields == COMMON_FIELDS | own]
+    matches = [
+        spec.kind
+        for spec in actions.SPECS
+        if COMMON_FIELDS | spec.required <= fields <= COMMON_FIELDS | set(spec.fields)
+    ]
     if len(matches) != 1:
         raise MalformedStep(f"step fields {sorted(fields)} match no single command kind")
     return matches[0]
@@ -70,16 +78,8 @@ def command_record(stored: Mapping[str, Any]) -> dict[str, Any]:
 
 def describe(step: Mapping[str, Any]) -> str:
     """One line for a person, e.g. ``scale checkout-api in production to 12 replicas``."""
-    kind = command_kind(step)
     target = step["target"]
-    where = f"{target['name']} in {target['environment']}"
-    if kind == "ScaleService":
-        return f"scale {where} to {step['replicas']} replicas"
-    if kind == "RestartService":
-        return f"restart {where} ({'rolling' if step['rolling'] else 'all instances at once'})"
-    if kind == "RollbackDeployment":
-        return f"roll {where} back to revision {step['toRevision']}"
-    return f"fail over {step['dependency']} of {where} to {step['toTarget']}"
+    return actions.by_kind(command_kind(step)).describe(f"{target['name']} in {target['environment']}", step)
 
 
 def summarize(steps: Sequence[Mapping[str, Any]]) -> str:

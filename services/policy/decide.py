@@ -28,7 +28,7 @@ from typing import Any
 
 import cedarpy
 
-from flotilla import project_path
+from flotilla import actions, project_path
 from services.policy.commands import KIND_FIELDS
 
 POLICY_DIR_VARIABLE = "FLOTILLA_POLICY_DIR"
@@ -92,7 +92,7 @@ class StepFacts:
     """What policy may look at for one step: the command, plus the running replicas."""
 
     command_id: str
-    kind: str  # ScaleService | RestartService | RollbackDeployment | FailoverDependency
+    kind: str  # a command kind of flotilla.actions, e.g. ScaleService
     target: Target
     params: Mapping[str, Any]  # the kind's own fields, e.g. {"replicas": 12}
     expires_at_ms: int
@@ -367,6 +367,7 @@ class PolicyEngine:
     def _ask_step(
         self, facts: ProposalFacts, step: StepFacts, now_ms: int, human_approved: bool, values: Mapping[str, str]
     ) -> _Answer:
+        spec = actions.by_kind(step.kind)
         context: dict[str, Any] = {
             "humanApproved": human_approved,
             "plan": {
@@ -377,7 +378,7 @@ class PolicyEngine:
                 **({} if facts.diagnosis_reasoner is None else {"diagnosisReasoner": facts.diagnosis_reasoner}),
             },
             "secondsToExpiry": (step.expires_at_ms - now_ms) // 1000,
-            **{k: v for k, v in step.params.items() if k in KIND_FIELDS[step.kind]},
+            **spec.cedar(spec.params_of(step.params)),
         }
         if step.kind == "ScaleService" and step.current_replicas is not None:
             context["currentReplicas"] = step.current_replicas

@@ -70,7 +70,7 @@ class Proposal:
                     command_id=str(step["commandId"]),
                     kind=kind,
                     target=target,
-                    params={k: step[k] for k in sorted(KIND_FIELDS[kind])},
+                    params={k: step.get(k) for k in sorted(KIND_FIELDS[kind])},
                     expires_at_ms=int(step["expiresAt"]),
                     current_replicas=current_replicas(target) if kind == "ScaleService" else None,
                 )

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from flotilla import actions
 from flotilla.commands import idempotency_key
 from flotilla.digest import command_digest
 from flotilla.records import AlertObserved, DiagnosisConcluded, DiagnosisRequested, ServiceLatencyIncreased
@@ -39,13 +40,21 @@ def step(
         "RestartService": {"rolling": True},
         "RollbackDeployment": {"toRevision": "r41"},
         "FailoverDependency": {"dependency": "payments-db", "toTarget": "payments-db-replica"},
+        "PauseRollout": {"paused": True},
+        "RaiseAutoscalerCeiling": {
+            "autoscalerKind": "HorizontalPodAutoscaler",
+            "autoscaler": "checkout-api",
+            "fromMaxReplicas": 10,
+            "maxReplicas": 15,
+        },
+        "RaiseMemoryLimit": {"container": "app", "fromMemoryLimitBytes": 256 << 20, "memoryLimitBytes": 512 << 20},
     }
     value: dict[str, Any] = {
         "commandId": str(uuid.uuid4()),
         "incidentId": incident,
         "proposalId": proposal,
         "target": {"kind": "service", "environment": environment, "name": name},
-        **defaults[kind],
+        **actions.by_kind(kind).params_of(defaults[kind]),
         **params,
         "issuedAt": issued_at,
         "expiresAt": issued_at + ttl,

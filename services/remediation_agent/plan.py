@@ -15,17 +15,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from flotilla_reasoning.model import Action, PlannedStep, Proposal
+from flotilla_reasoning.model import PlannedStep, Proposal
 
+from flotilla import actions
 from flotilla.commands import idempotency_key
 from flotilla.digest import command_digest
 
-COMMAND_TYPES: dict[Action, str] = {
-    Action.SCALE: "dev.flotilla.commands.ScaleService",
-    Action.RESTART: "dev.flotilla.commands.RestartService",
-    Action.ROLLBACK: "dev.flotilla.commands.RollbackDeployment",
-    Action.FAILOVER: "dev.flotilla.commands.FailoverDependency",
-}
 RESOURCE_KIND = "service"
 
 
@@ -37,7 +32,8 @@ def to_millis(at: datetime) -> datetime:
 
 
 class InvalidPlan(ValueError):
-    """The reasoner's plan cannot become a proposal (two steps would be one command)."""
+    """The reasoner's plan cannot become a proposal (two steps would be one command, or a
+    step's params are not its kind's)."""
 
 
 def command_record(
@@ -50,17 +46,20 @@ def command_record(
 ) -> dict[str, Any]:
     """One step as the command record a proposal carries (and policy later authorizes)."""
     issued = to_millis(issued_at)
+    spec = actions.by_action(step.action)
+    problems = spec.problems(step.params)
+    if problems:
+        raise InvalidPlan(f"{spec.action} of {step.service}: " + "; ".join(problems))
     record: dict[str, Any] = {
         "commandId": str(uuid.uuid4()),
         "incidentId": incident_id,
         "proposalId": proposal_id,
         "target": {"kind": RESOURCE_KIND, "environment": step.environment, "name": step.service},
-        **dict(step.params),
+        **spec.params_of(step.params),  # every own field, so the digest sees what Avro will carry
         "issuedAt": issued,
         "expiresAt": issued + ttl,
     }
-    kind = COMMAND_TYPES[step.action].rsplit(".", 1)[-1]
-    return {"idempotencyKey": idempotency_key(kind, record), **record}
+    return {"idempotencyKey": idempotency_key(spec.kind, record), **record}
 
 
 def proposal_value(

@@ -59,7 +59,15 @@ CATALOGUE = {
         "DeadLetterQuarantined",
     ],
     DECISIONS: ["DependencyFailureSuspected", "DiagnosisConcluded", "RecoveryProposed"],
-    COMMANDS: ["ScaleService", "RestartService", "RollbackDeployment", "FailoverDependency"],
+    COMMANDS: [
+        "ScaleService",
+        "RestartService",
+        "RollbackDeployment",
+        "FailoverDependency",
+        "PauseRollout",
+        "RaiseAutoscalerCeiling",
+        "RaiseMemoryLimit",
+    ],
     AUDIT: ["ChainAnchored"],
 }
 SHARED_TYPES = [
@@ -244,8 +252,23 @@ def test_identities_are_uuids(contract: Contract) -> None:
 COMMAND_PARAMETERS = {
     "ScaleService": {"replicas": "int"},
     "RestartService": {"rolling": "boolean"},
-    "RollbackDeployment": {"toRevision": "string"},
+    "RollbackDeployment": {
+        "toRevision": "string",
+        "fromRevision": ["null", "string"],
+        "fromTemplateHash": ["null", "string"],
+        "toTemplateHash": ["null", "string"],
+        "fromImages": {"type": "array", "items": "string"},
+        "toImages": {"type": "array", "items": "string"},
+    },
     "FailoverDependency": {"dependency": "string", "toTarget": "string"},
+    "PauseRollout": {"paused": "boolean"},
+    "RaiseAutoscalerCeiling": {
+        "autoscalerKind": "string",
+        "autoscaler": "string",
+        "fromMaxReplicas": "int",
+        "maxReplicas": "int",
+    },
+    "RaiseMemoryLimit": {"container": "string", "fromMemoryLimitBytes": "long", "memoryLimitBytes": "long"},
 }
 
 
@@ -300,7 +323,7 @@ def test_every_decision_carries_its_reasoning(contract: Contract) -> None:
     assert {f["name"]: f["type"] for f in usage["fields"]} == {"promptTokens": "long", "completionTokens": "long"}
 
 
-def test_a_proposal_is_a_plan_of_the_four_commands_with_a_digest() -> None:
+def test_a_proposal_is_a_plan_of_the_commands_with_a_digest() -> None:
     proposal = BY_NAME[f"{DECISIONS}.RecoveryProposed"].schema
     fields = _fields(proposal)
     assert fields["proposalId"]["type"] == UUID
@@ -315,7 +338,9 @@ def test_a_proposal_is_a_plan_of_the_four_commands_with_a_digest() -> None:
         command = BY_NAME[name].schema
         assert [(f["name"], f["doc"]) for f in step["fields"]] == [(f["name"], f["doc"]) for f in command["fields"]]
     assert steps["items"][0]["fields"][4]["type"]["name"] == "ResourceRef"  # inlined in the first step
-    assert [s["fields"][4]["type"] for s in steps["items"][1:]] == ["dev.flotilla.commands.ResourceRef"] * 3
+    assert [s["fields"][4]["type"] for s in steps["items"][1:]] == ["dev.flotilla.commands.ResourceRef"] * (
+        len(COMMAND_NAMES) - 1
+    )
 
 
 # ------------------------------------------------------------------ fields the design names

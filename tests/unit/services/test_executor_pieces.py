@@ -58,7 +58,18 @@ def step(kind: str = commands.SCALE, key: str = "incident-204:scale:12", **overr
     [
         (commands.SCALE, "scale", {"replicas": 12}),
         (commands.RESTART, "restart", {"rolling": True}),
-        (commands.ROLLBACK, "rollback", {"toRevision": "v40"}),
+        (
+            commands.ROLLBACK,
+            "rollback",  # the fields a record written before them lacks come with their defaults
+            {
+                "toRevision": "v40",
+                "fromRevision": None,
+                "fromTemplateHash": None,
+                "toTemplateHash": None,
+                "fromImages": [],
+                "toImages": [],
+            },
+        ),
         (commands.FAILOVER, "failover", {"dependency": "payments-api", "toTarget": "payments-api-secondary"}),
     ],
 )
@@ -156,7 +167,9 @@ SCALED = done(step(commands.SCALE, "i:scale:12"), {"replicas": 4, "p95Ms": 1800.
 FAILED_OVER = done(
     step(commands.FAILOVER, "i:failover"), {"dependency": "payments-api", "activeTarget": "payments-api"}
 )
-ROLLED_BACK = done(step(commands.ROLLBACK, "i:rollback:v40"), {"revision": "v41", "previousRevision": "v40"})
+ROLLED_BACK = done(
+    step(commands.ROLLBACK, "i:rollback:v40"), {"revision": "v41", "previousRevision": "v40"}, {"revision": "v40"}
+)
 RESTARTED = done(step(commands.RESTART, "i:restart"), {"replicas": 12, "restarts": 0})
 
 
@@ -167,7 +180,17 @@ def test_each_step_is_undone_by_driving_back_to_its_before_state() -> None:
     } == {
         "scale": ("scale", {"replicas": 4}),
         "failover": ("failover", {"dependency": "payments-api", "toTarget": "payments-api"}),
-        "rollback": ("rollback", {"toRevision": "v41"}),  # rolled forward to what ran before
+        "rollback": (  # rolled forward to what ran before, from what the rollback left running
+            "rollback",
+            {
+                "toRevision": "v41",
+                "fromRevision": "v40",
+                "fromTemplateHash": None,
+                "toTemplateHash": None,
+                "fromImages": [],
+                "toImages": [],
+            },
+        ),
         "restart": None,  # nothing to undo
     }
 

@@ -1,0 +1,79 @@
+"""Raise one container's memory limit after it was killed for running out of memory.
+
+The plan names the limit it found (``fromMemoryLimitBytes``): a target refuses when the
+limit is no longer that, above 2x it, or above the maximum the Deployment declares
+(``flotilla.dev/max-memory-limit``). A new limit is a new pod template, so it rolls out
+as a new revision, which a rollback can undo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flotilla.actions.spec import ActionSpec, Param, ParamType, Reversal, recorded
+
+_UNITS = (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+
+
+def quantity(size: int) -> str:
+    """Bytes as the largest exact binary unit, e.g. 536870912 → ``512Mi``."""
+    for unit, factor in _UNITS:
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def _describe(where: str, params: Mapping[str, Any]) -> str:
+    return (
+        f"raise the memory limit of container {params['container']} of {where}"
+        f" from {quantity(params['fromMemoryLimitBytes'])} to {quantity(params['memoryLimitBytes'])}"
+    )
+
+
+def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    def shown(state: Mapping[str, Any]) -> str:
+        size = state.get("memoryLimitBytes")
+        return quantity(int(size)) if isinstance(size, int) else "?"
+
+    return (
+        f"{name}'s container {params.get('container', '?')} memory limit moved from {shown(before)} to {shown(after)}"
+    )
+
+
+def _undo(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> Reversal:
+    limit = int(recorded(before, "memoryLimitBytes"))
+    return Reversal(
+        {
+            "container": params["container"],
+            "fromMemoryLimitBytes": int(recorded(after, "memoryLimitBytes")),
+            "memoryLimitBytes": limit,
+        },
+        f"set the memory limit of {name}'s {params['container']} back to {quantity(limit)}",
+    )
+
+
+def _check(params: Mapping[str, Any]) -> list[str]:
+    found = [] if str(params["container"]).strip() else ["container must name the container"]
+    if params["fromMemoryLimitBytes"] < 1 or params["memoryLimitBytes"] < 1:
+        found.append("a memory limit is at least 1 byte")
+    return found
+
+
+SPEC = ActionSpec(
+    kind="RaiseMemoryLimit",
+    action="raise-memory",
+    usage=(
+        "raise-memory (container, fromMemoryLimitBytes: its current limit; memoryLimitBytes: the new one, at most 2x)"
+    ),
+    params=(
+        Param("container", ParamType.TEXT, "raise-memory: the container of the service's pods"),
+        Param("fromMemoryLimitBytes", ParamType.LONG, "raise-memory: its limit when planned", in_key=False),
+        Param("memoryLimitBytes", ParamType.LONG, "raise-memory: the new limit in bytes"),
+    ),
+    describe=_describe,
+    outcome=_outcome,
+    undo=_undo,
+    check=_check,
+    reasoners_plan=False,  # the evidence does not read it yet
+)
