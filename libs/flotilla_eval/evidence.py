@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from flotilla_evidence.model import Series
+from flotilla_evidence.model import Series, named_revisions
 from flotilla_reasoning import DiagnosticEvidence, ServiceView, Topology
 
 from flotilla_eval.reading import Problems, integer, items, keyed, mapping, moment, number, text
@@ -46,6 +46,8 @@ SERVICE_OPTIONAL = (
     "revision_changed_at",
     "failover_targets",
     "active_dependencies",
+    "rollback_forbidden",
+    "paused",
 )
 LATENCY_KEYS = ("service", "dependency", "p95_ms")
 
@@ -133,9 +135,18 @@ def _service(value: Any, path: str, environment: str, problems: Problems) -> Ser
     view_environment = text(entry.get("environment", environment), f"{path}.environment", problems)
     targets = _names(entry.get("failover_targets"), f"{path}.failover_targets", problems)
     active = _names(entry.get("active_dependencies"), f"{path}.active_dependencies", problems)
+    revision = text(entry.get("revision"), f"{path}.revision", problems, nullable=True)
+    previous = text(entry.get("previous_revision"), f"{path}.previous_revision", problems, nullable=True)
+    forbidden = text(entry.get("rollback_forbidden"), f"{path}.rollback_forbidden", problems, nullable=True)
+    paused = entry.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        problems.add(f"{path}.paused", f"must be true, false or null, got {paused!r}")
     if len(problems.found) > before:
         return None
     assert name is not None and p95 is not None and threshold is not None and view_environment is not None
+    # A case's revisions are names, as the sim's telemetry gives them (its service_version),
+    # and the facts a rollback is planned with are made from them the same way.
+    running, candidate = named_revisions(revision, previous)
     return ServiceView(
         name=name,
         environment=view_environment,
@@ -143,11 +154,15 @@ def _service(value: Any, path: str, environment: str, problems: Problems) -> Ser
         p95_ms=p95,
         threshold_ms=threshold,
         dependencies=tuple(d for d in dependencies if d is not None),
-        revision=text(entry.get("revision"), f"{path}.revision", problems, nullable=True),
-        previous_revision=text(entry.get("previous_revision"), f"{path}.previous_revision", problems, nullable=True),
+        revision=revision,
+        previous_revision=previous,
         failover_targets=targets,
         active_dependencies=active,
         revision_changed_at=None if changed is None else moment(changed, f"{path}.revision_changed_at", problems),
+        running=running,
+        rollback_candidate=candidate,
+        rollback_forbidden=forbidden,
+        paused=paused,
     )
 
 

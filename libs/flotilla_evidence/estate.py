@@ -35,7 +35,7 @@ from flotilla.bounds import name_problem, shown
 from flotilla_evidence.base import EvidenceUnavailable
 from flotilla_evidence.catalogue import Catalogue
 from flotilla_evidence.coalesce import Coalescer
-from flotilla_evidence.model import RevisionFacts, Series, ServiceView, Topology
+from flotilla_evidence.model import Series, ServiceView, Topology, named_revisions
 from flotilla_evidence.prometheus import PrometheusClient, RangeSeries, Reading
 from flotilla_evidence.queries import Labels, Queries, askable_scope
 
@@ -386,6 +386,9 @@ class PrometheusEvidence:
                 if seen is not None:
                     dependency_p95[(name, dependency)] = seen
             version = versions.get(key)
+            running, candidate = (
+                named_revisions(None, None) if version is None else named_revisions(version.current, version.previous)
+            )
             if name in services:
                 log.debug("%s is in several environments; the whole-estate snapshot keeps %s", name, env)
             services[name] = ServiceView(
@@ -402,10 +405,8 @@ class PrometheusEvidence:
                 revision_changed_at=None if version is None else version.changed_at,
                 # The sim's rollback names revisions by the version it reports; on Kubernetes
                 # flotilla_evidence.kubernetes replaces these with the ReplicaSets' facts.
-                running=None if version is None else RevisionFacts(version.current),
-                rollback_candidate=None
-                if version is None or version.previous is None
-                else RevisionFacts(version.previous),
+                running=running,
+                rollback_candidate=candidate,
                 rollback_forbidden=forbidden.get(key),
                 paused=paused.get(key) if keys else None,
             )

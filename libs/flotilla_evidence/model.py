@@ -54,6 +54,15 @@ class RevisionFacts:
         return {"revision": self.revision, "templateHash": self.template_hash, "images": list(self.images)}
 
 
+def named_revisions(current: str | None, previous: str | None) -> tuple[RevisionFacts | None, RevisionFacts | None]:
+    """(running, rollback candidate) where a revision is known by its name alone, as a
+    service reports it in telemetry (``service_version``): the sim rolls back by that name."""
+    return (
+        None if current is None else RevisionFacts(current),
+        None if current is None or previous is None else RevisionFacts(previous),
+    )
+
+
 @dataclass(frozen=True)
 class ServiceView:
     """One service as the estate's telemetry (and catalogue) describe it.

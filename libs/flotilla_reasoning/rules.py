@@ -395,11 +395,8 @@ class RulesReasoner:
             step, factor, summary = self._scale(service, topology, seen)
             steps = [step]
         elif diagnosis.cause_category == "bad-deployment":
-            revision = topology.healthy_revisions.get(service.name) or service.previous_revision
-            if not revision or revision == service.revision:
-                raise ReasoningFailed(f"{service.name} has no other revision to roll back to", reasoner=NAME)
-            steps = [self._step(Action.ROLLBACK, service, toRevision=revision)]
-            summary = f"Roll {service.name} back from {service.revision} to {revision}."
+            step, summary = self._rollback(service, topology)
+            steps = [step]
         elif service.degraded:
             steps = [self._step(Action.RESTART, service, rolling=True)]
             summary = f"The cause is {diagnosis.cause_category or 'unknown'}: restart {service.name} one at a time."
@@ -524,6 +521,52 @@ class RulesReasoner:
         )
         text = f"Scale {service.name} from {service.replicas} to {replicas} replicas to restore its pool capacity."
         return self._step(Action.SCALE, service, replicas=replicas), (0.7 if replicas < wanted else 1.0), text
+
+    def _rollback(self, service: ServiceView, topology: Topology) -> tuple[PlannedStep, str]:
+        """A rollback to the revision the service last ran healthy on (without that
+        knowledge, the one before the running one), named exactly as the target rolls back
+        by it: both ends' revision, pod-template hash and images, from the evidence. No plan
+        (a person decides) where the evidence cannot name them, forbids the rollback, or
+        shows the rollout paused by someone."""
+        name, healthy, previous = service.name, topology.healthy_revisions.get(service.name), service.previous_revision
+        running, candidate = service.running, service.rollback_candidate
+
+        def refuse(why: str) -> ReasoningFailed:
+            return ReasoningFailed(f"{name}: no rollback planned: {why}; a person decides", reasoner=NAME)
+
+        if service.rollback_forbidden is not None:
+            raise refuse(f"its running release may not be rolled back ({service.rollback_forbidden})")
+        if healthy is not None and healthy == service.revision:
+            raise refuse(f"it runs {service.revision}, the revision it last ran healthy on")
+        if previous is None or (healthy is not None and healthy != previous):
+            raise refuse(
+                f"it last ran healthy on {healthy}, which is not the revision before the running one ({previous}), "
+                "and the evidence names only that one exactly"
+                if healthy is not None
+                else "the evidence shows no revision before the running one"
+            )
+        if running is None or candidate is None:
+            raise refuse(
+                f"{topology.source} gives no revision facts (revision, template hash, images) for "
+                + ("its running revision" if running is None else f"the revision before it ({previous})")
+                + ", and a rollback must name both exactly"
+            )
+        if service.paused:
+            raise refuse("its rollout is paused: a rollback waits for someone to resume it")
+        step = self._step(
+            Action.ROLLBACK,
+            service,
+            toRevision=candidate.revision,
+            fromRevision=running.revision,
+            fromTemplateHash=running.template_hash,
+            toTemplateHash=candidate.template_hash,
+            fromImages=list(running.images),
+            toImages=list(candidate.images),
+        )
+        summary = f"Roll {name} back from {service.revision} to {previous}, the revision it " + (
+            "last ran healthy on." if healthy is not None else "ran before the running one."
+        )
+        return step, summary
 
     @staticmethod
     def _step(action: Action, service: ServiceView, **params: object) -> PlannedStep:

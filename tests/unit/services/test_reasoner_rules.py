@@ -6,6 +6,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from flotilla_evidence.model import RevisionFacts
 from flotilla_reasoning import (
     Action,
     AgentSettings,
@@ -234,10 +235,21 @@ def test_at_max_replicas_it_fails_over_or_gives_up() -> None:
 
 
 def test_a_bad_deployment_is_rolled_back_to_the_last_healthy_revision() -> None:
+    """More cases (Kubernetes' facts, a forbidden or paused rollback): test_reasoner_rules_rollback.py."""
     topology = demo_topology(payments_ms=36.0, revision="v42")
+    checkout = dataclasses.replace(
+        topology.services["checkout-api"],
+        previous_revision="v41",
+        running=RevisionFacts("v42"),
+        rollback_candidate=RevisionFacts("v41"),
+    )
+    topology = dataclasses.replace(topology, services={**topology.services, "checkout-api": checkout})
     d = RulesReasoner().diagnose(evidence(topology, may_request_more=False))
     proposal = RulesReasoner().propose(dataclasses.replace(d, event_id="e-2"), topology)
-    assert [(s.action, dict(s.params)) for s in proposal.steps] == [(Action.ROLLBACK, {"toRevision": "v41"})]
+    rollback = {"toRevision": "v41", "fromRevision": "v42", "fromTemplateHash": None, "toTemplateHash": None}
+    assert [(s.action, dict(s.params)) for s in proposal.steps] == [
+        (Action.ROLLBACK, {**rollback, "fromImages": [], "toImages": []})
+    ]
 
 
 def test_readings_are_ordered_by_slowdown() -> None:
