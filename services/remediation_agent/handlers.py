@@ -42,7 +42,7 @@ from flotilla import (
 from flotilla.authority import Signer, attest_proposal
 from flotilla.digest import canonical_json
 from flotilla.records import IncidentEscalated, RecoveryProposed
-from services.remediation_agent.plan import InvalidPlan, proposal_value
+from services.remediation_agent.plan import InvalidPlan, proposal_value, with_revision_facts
 from services.remediation_agent.settings import RemediationSettings
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,17 @@ class RemediationAgent:
         diagnosis = read_diagnosis(work.record.record_type, work.record.value)
         topology = self.evidence.snapshot(around=diagnosis.service, environment=diagnosis.environment)
         try:
-            return self.reasoner.propose(diagnosis, topology)
+            proposal = self.reasoner.propose(diagnosis, topology)
         except ReasoningFailed as failure:
             log.warning("%s: %s reasoner failed: %s", diagnosis.incident_id, failure.reasoner, failure.reason)
             return failure
+        try:
+            return with_revision_facts(proposal, topology)
+        except InvalidPlan as exc:
+            reasoning = proposal.reasoning
+            return ReasoningFailed(
+                f"the plan cannot be proposed: {exc}", reasoner=reasoning.reasoner, usage=reasoning.usage
+            )
 
     # ------------------------------------------ worker: one short transaction
 

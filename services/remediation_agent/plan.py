@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from flotilla_reasoning.model import PlannedStep, Proposal
+from flotilla_reasoning.model import Action, PlannedStep, Proposal, Topology
 
 from flotilla import actions
 from flotilla.commands import idempotency_key
@@ -34,6 +35,53 @@ def to_millis(at: datetime) -> datetime:
 class InvalidPlan(ValueError):
     """The reasoner's plan cannot become a proposal (two steps would be one command, or a
     step's params are not its kind's)."""
+
+
+def with_revision_facts(proposal: Proposal, topology: Topology) -> Proposal:
+    """Rollbacks completed from the evidence: the revision a step rolls back from and both
+    revisions' hashes and images are facts the agent read, never a reasoner's words.
+
+    A reasoner names only the revision to return to; it must be the rollback candidate the
+    evidence shows, and the running release must not forbid a rollback. A step that
+    already carries its facts (the rules reasoner copies them) is checked, not rewritten.
+    InvalidPlan says why a rollback cannot be proposed.
+    """
+    steps = []
+    for step in proposal.steps:
+        if step.action is Action.ROLLBACK:
+            step = _rollback_with_facts(step, topology)
+        steps.append(step)
+    return replace(proposal, steps=tuple(steps))
+
+
+def _rollback_with_facts(step: PlannedStep, topology: Topology) -> PlannedStep:
+    service = topology.services.get(step.service)
+    where = f"rollback of {step.service}"
+    if service is None:
+        raise InvalidPlan(f"{where}: the service is not in the evidence")
+    if service.rollback_forbidden:
+        raise InvalidPlan(f"{where}: its running release forbids a rollback ({service.rollback_forbidden})")
+    running, candidate = service.running, service.rollback_candidate
+    if running is None or candidate is None:
+        raise InvalidPlan(f"{where}: the evidence does not show the running revision and an earlier one")
+    if str(step.params.get("toRevision")) != candidate.revision:
+        raise InvalidPlan(
+            f"{where}: revision {step.params.get('toRevision')!r} is not the one the evidence shows before "
+            f"{running.revision} ({candidate.revision})"
+        )
+    facts = {
+        "toRevision": candidate.revision,
+        "fromRevision": running.revision,
+        "fromTemplateHash": running.template_hash,
+        "toTemplateHash": candidate.template_hash,
+        "fromImages": list(running.images),
+        "toImages": list(candidate.images),
+    }
+    given = {k: v for k, v in step.params.items() if v not in (None, [], ())}
+    clashing = sorted(k for k, v in given.items() if k in facts and facts[k] != v)
+    if clashing:
+        raise InvalidPlan(f"{where}: {', '.join(clashing)} differ from the evidence")
+    return replace(step, params=facts)
 
 
 def command_record(

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import io
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from flotilla_evidence.model import RevisionFacts, ServiceView, Topology
 from flotilla_reasoning import Action, PlannedStep, Proposal, Reasoning, TokenUsage
 
 from flotilla.contracts import load_contracts
 from flotilla.digest import command_digest
 from flotilla.validation import RecordValidator
-from services.remediation_agent.plan import InvalidPlan, command_record, digest_matches, proposal_value, to_millis
+from services.remediation_agent.plan import (
+    InvalidPlan,
+    command_record,
+    digest_matches,
+    proposal_value,
+    to_millis,
+    with_revision_facts,
+)
 
 NOW = datetime(2026, 8, 17, 14, 2, 7, 123456, tzinfo=UTC)
 TTL = timedelta(seconds=900)
@@ -125,3 +134,61 @@ def test_any_change_to_a_step_changes_the_digest() -> None:
     tampered = [{**proposed["steps"][0], "replicas": 13}]
     assert command_digest(tampered) != proposed["digest"]
     assert not digest_matches({**proposed, "steps": tampered})
+
+
+# ------------------------------------------------ a rollback's facts come from the evidence
+
+
+def _topology(**service: Any) -> Topology:
+    view = ServiceView(
+        "checkout-api",
+        "production",
+        4,
+        1900.0,
+        800.0,
+        revision="shop:1.5 (revision 3)",
+        previous_revision="shop:1.4 (revision 2)",
+        running=RevisionFacts("3", "7f9c", ("shop=shop:1.5",)),
+        rollback_candidate=RevisionFacts("2", "5d4b", ("shop=shop:1.4",)),
+        **service,
+    )
+    return Topology({"checkout-api": view})
+
+
+def rollback(**params: Any) -> PlannedStep:
+    return PlannedStep(Action.ROLLBACK, "checkout-api", "production", {"toRevision": "2", **params})
+
+
+def test_a_rollback_named_by_its_revision_alone_gets_both_revisions_facts_from_the_evidence() -> None:
+    completed = with_revision_facts(proposal(rollback()), _topology())
+    assert dict(completed.steps[0].params) == {
+        "toRevision": "2",
+        "fromRevision": "3",
+        "fromTemplateHash": "7f9c",
+        "toTemplateHash": "5d4b",
+        "fromImages": ["shop=shop:1.5"],
+        "toImages": ["shop=shop:1.4"],
+    }
+    step = value(*completed.steps)["steps"][0]
+    assert step["fromRevision"] == "3" and step["toImages"] == ["shop=shop:1.4"]
+    assert with_revision_facts(proposal(scale()), _topology()).steps == (scale(),)  # other kinds untouched
+
+
+@pytest.mark.parametrize(
+    ("step", "service", "why"),
+    [
+        (rollback(toRevision="1"), {}, "is not the one the evidence shows before 3"),
+        (rollback(toImages=["shop=evil:6.6"]), {}, "toImages differ from the evidence"),
+        (rollback(), {"rollback_forbidden": "migration 42 dropped a column"}, "forbids a rollback"),
+        (rollback(), {"rollback_candidate": None}, "does not show the running revision and an earlier one"),
+    ],
+)
+def test_a_rollback_the_evidence_does_not_support_cannot_be_proposed(
+    step: PlannedStep, service: dict[str, Any], why: str
+) -> None:
+    topology = _topology(**{k: v for k, v in service.items() if k != "rollback_candidate"})
+    if "rollback_candidate" in service:
+        view = replace(topology.services["checkout-api"], rollback_candidate=None)
+        topology = replace(topology, services={"checkout-api": view})
+    with pytest.raises(InvalidPlan, match=why):
+        with_revision_facts(proposal(step), topology)
