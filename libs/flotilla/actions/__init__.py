@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 
 from flotilla.actions import autoscaler_ceiling, failover, memory_limit, pause, restart, rollback, scale
+from flotilla.actions.change import Change, NoPreview, change_digest, change_from_json
 from flotilla.actions.spec import ActionSpec, CannotUndo, Param, ParamType, Reversal, recorded
 
 __all__ = [
@@ -20,12 +21,16 @@ __all__ = [
     "Action",
     "ActionSpec",
     "CannotUndo",
+    "Change",
+    "NoPreview",
     "Param",
     "ParamType",
     "Reversal",
     "UnknownAction",
     "by_action",
     "by_kind",
+    "change_digest",
+    "change_from_json",
     "recorded",
 ]
 
