@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from flotilla_evidence import EvidenceUnavailable, StaticEvidence
+from flotilla_evidence.kubernetes import ROLLBACK_FORBIDDEN as FORBIDDEN
 from flotilla_evidence.kubernetes import KubernetesApi, KubernetesEvidence, by_namespace
-from flotilla_evidence.model import ServiceView, Topology
+from flotilla_evidence.model import RevisionFacts, ServiceView, Topology
 
 from .conftest import FLEET_NAMESPACE, MERGE, TARGET_NAMESPACE, Cluster, apps, deployment
 
@@ -130,3 +131,65 @@ def test_only_the_deployments_own_events_reach_the_evidence(production: Cluster,
     events = evidence(production, shop).snapshot(shop, environment="production").services[shop].events
     assert "OnThisDeployment: the deployment's own" in events  # the control: events are read at all
     assert not [e for e in events if e.startswith(("OnAPod", "OnAConfigMap", "OnAnEarlierDeployment"))], events
+
+
+def test_the_revision_facts_a_rollback_is_planned_with(production: Cluster, shop: str) -> None:
+    """Revision numbers, pod-template hashes and images as the controller manager made
+    them; the rollback-forbidden annotation on the Deployment and in a release's pod
+    template; and a paused rollout (issue 40)."""
+    source = evidence(production, shop)
+
+    def view() -> ServiceView:
+        return source.snapshot(shop, environment="production").services[shop]
+
+    with production.client() as admin:
+        container = {"name": "app", "image": "registry.example.com/app:2"}
+        image = {"spec": {"template": {"spec": {"containers": [container]}}}}
+        until(lambda: view().running is not None)  # revision 1's ReplicaSet exists
+        assert admin.patch(apps(f"/{shop}"), json=image, headers=MERGE).status_code == 200
+        until(lambda: view().rollback_candidate is not None)
+
+        def hashes() -> dict[str, str]:
+            """revision -> pod-template-hash of the Deployment's ReplicaSets, as the admin reads them."""
+            uid = admin.get(apps(f"/{shop}")).json()["metadata"]["uid"]
+            listed = admin.get(f"/apis/apps/v1/namespaces/{TARGET_NAMESPACE}/replicasets").json()["items"]
+            return {
+                rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"]: rs["metadata"]["labels"][
+                    "pod-template-hash"
+                ]
+                for rs in listed
+                if any(o["uid"] == uid for o in rs["metadata"].get("ownerReferences", []))
+            }
+
+        known = hashes()
+        after = view()
+        assert after.running == RevisionFacts("2", known["2"], ("app=registry.example.com/app:2",))
+        assert after.rollback_candidate == RevisionFacts("1", known["1"], ("app=registry.example.com/app:1",))
+        assert known["1"] != known["2"]
+        assert (after.rollback_forbidden, after.paused) == (None, False)
+
+        # a team marks the Deployment: rolling back is forbidden, with its reason
+        marked = {"metadata": {"annotations": {FORBIDDEN: "migration 0042 dropped a column"}}}
+        assert admin.patch(apps(f"/{shop}"), json=marked, headers=MERGE).status_code == 200
+        assert view().rollback_forbidden == "migration 0042 dropped a column"
+        unmarked = {"metadata": {"annotations": {FORBIDDEN: None}}}
+        assert admin.patch(apps(f"/{shop}"), json=unmarked, headers=MERGE).status_code == 200
+        assert view().rollback_forbidden is None
+
+        # a release that carries the mark in its pod template (revision 3) forbids undoing it
+        release = {
+            "spec": {
+                "template": {
+                    "metadata": {"annotations": {FORBIDDEN: "schema v9"}},
+                    "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:3"}]},
+                }
+            }
+        }
+        assert admin.patch(apps(f"/{shop}"), json=release, headers=MERGE).status_code == 200
+        until(lambda: (view().running or RevisionFacts("0")).revision == "3")
+        third = view()
+        assert third.rollback_forbidden == "schema v9"
+        assert third.rollback_candidate is not None and third.rollback_candidate.revision == "2"
+
+        assert admin.patch(apps(f"/{shop}"), json={"spec": {"paused": True}}, headers=MERGE).status_code == 200
+        assert view().paused is True
