@@ -77,9 +77,11 @@ lint: $(STAMP) ## ruff (lint + format check), mypy, the import layers (pyproject
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/python -m flotilla_ops.genrecords --check
+	$(VENV)/bin/python -m flotilla_ops.gencedar --check
 
-records: $(STAMP) ## Regenerate libs/flotilla/records.py (the typed records) from schemas/
+records: $(STAMP) ## Regenerate libs/flotilla/records.py (the typed records) from schemas/, and the command kinds' Cedar actions from libs/flotilla/actions
 	$(VENV)/bin/python -m flotilla_ops.genrecords
+	$(VENV)/bin/python -m flotilla_ops.gencedar
 
 format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format .

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from flotilla_ops.genrecords import snake
 from flotilla_reasoning import Diagnosis, DiagnosticEvidence, EvidenceItem, Reasoning, Verdict
 from flotilla_reasoning.decision import PLANNED
 from flotilla_reasoning.model import CAUSE_CATEGORIES
@@ -57,11 +58,6 @@ SCENARIOS = Path(__file__).parent / "scenarios"  # shipped with the package
 CASE_KEYS = ("id", "title", "tags", "evidence", "expected")
 CASE_OPTIONAL = ("stage", "diagnosis", "why")
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-
-
-def snake(name: str) -> str:
-    """A record field's name as the cases write it: ``toRevision`` → ``to_revision``."""
-    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
 
 
 # the params a case may expect of each action a reasoner plans

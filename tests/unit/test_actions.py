@@ -163,3 +163,11 @@ def test_a_memory_quantity_is_exact(size: int) -> None:
     text = quantity(size)
     factor = {"Gi": 1 << 30, "Mi": 1 << 20, "Ki": 1 << 10}.get(text[-2:], 1)
     assert int(text[:-2] if factor > 1 else text) * factor == size
+
+
+def test_the_cedar_schema_declares_every_kind_as_its_spec_says() -> None:
+    """The generated part of flotilla.cedarschema is current (``make records`` rewrites it)."""
+    from flotilla_ops.gencedar import render
+
+    current = (ROOT / "infra" / "policies" / "flotilla.cedarschema").read_text()
+    assert render(current) == current

@@ -5,7 +5,8 @@ records' fields and idempotency keys (``flotilla.commands``), the reasoners' ste
 and prompt, the remediation agent's records, the policy's Cedar context and the texts a
 person approves, the executor's dispatch, outcomes and compensation, the console and the
 CLI. Adding a kind: a module here (and its line below), its ``.avsc`` with a line in
-``RecoveryProposed``'s union, a Cedar action, and what each target does with it.
+``RecoveryProposed``'s union, and what each target does with it; ``make records`` then
+regenerates the typed records and the kind's Cedar action (``flotilla_ops.gencedar``).
 """
 
 from __future__ import annotations
