@@ -257,3 +257,60 @@ def down(prometheus: PrivatePrometheus) -> bool:
     """Whether Prometheus' last scrape of its target failed (staleness markers written)."""
     targets = httpx.get(f"{prometheus.url}/api/v1/targets").json()["data"]["activeTargets"]
     return all(t["health"] == "down" for t in targets)
+
+
+def test_a_bad_deploy_is_rolled_back_by_the_revisions_prometheus_shows(
+    evidence: PrometheusEvidence, sim: ThreadedServer
+) -> None:
+    """Issue 40 on the local fleet's path: the sim's revisions, paused state and irreversible
+    mark reach the evidence through Prometheus (as kube-state-metrics' series), the rules
+    plan a rollback naming both revisions, and the sim takes exactly that plan."""
+    healthy = settled_snapshot(evidence, lambda t: t.services["checkout-api"].p95_ms < 200, "a healthy estate")
+    revisions = {name: s.revision for name, s in healthy.services.items() if s.revision}
+    assert healthy.services["checkout-api"].paused is False
+    time.sleep(2)  # v41 seen for a while: the deploy has a before
+    httpx.post(f"{sim.url}/faults", json={"service": "checkout-api", "kind": "bad-deploy"}).raise_for_status()
+    time.sleep(SETTLE)
+    broken = settled_snapshot(
+        evidence,
+        lambda t: t.services["checkout-api"].rollback_candidate is not None and t.services["checkout-api"].degraded,
+        "v42 running, slow, with v41 before it",
+    )
+    broken = dataclasses.replace(broken, healthy_revisions=revisions)
+    diagnosis = RulesReasoner().diagnose(
+        DiagnosticEvidence(
+            "incident-it", "checkout-api", "production", "p95 over threshold", broken, may_request_more=False
+        )
+    )
+    assert diagnosis.cause_category == "bad-deployment"
+    [step] = RulesReasoner().propose(dataclasses.replace(diagnosis, event_id="e-1"), broken).steps
+    assert step.action is Action.ROLLBACK
+    assert (step.params["fromRevision"], step.params["toRevision"]) == ("v42", "v41")
+
+    # marked irreversible and paused: both reach the evidence, and the sim refuses the plan
+    mark = httpx.post(f"{sim.url}/faults", json={"service": "checkout-api", "kind": "rollback-forbidden"})
+    mark.raise_for_status()
+    act(sim, "pause", {"paused": True}, "it:pause")
+    held = settled_snapshot(
+        evidence,
+        lambda t: (
+            t.services["checkout-api"].paused is True and t.services["checkout-api"].rollback_forbidden is not None
+        ),
+        "paused and marked irreversible",
+    )
+    assert "release v42 of checkout-api is marked irreversible" in (
+        held.services["checkout-api"].rollback_forbidden or ""
+    )
+    refused = httpx.post(
+        f"{sim.url}/actions/rollback",
+        json={"resource": "checkout-api", "params": dict(step.params), "idempotencyKey": "it:rb:0", "fencingToken": 1},
+        headers={"Authorization": f"Bearer {ACTION_TOKEN}"},
+    )
+    assert refused.status_code == 422 and "may not be rolled back" in refused.json()["error"]
+
+    httpx.delete(f"{sim.url}/faults/{mark.json()['id']}").raise_for_status()
+    act(sim, "pause", {"paused": False}, "it:resume")
+    act(sim, "rollback", dict(step.params), "it:rollback")
+    time.sleep(SETTLE)
+    recovered = settled_snapshot(evidence, lambda t: t.services["checkout-api"].revision == "v41", "back on v41")
+    assert recovered.services["checkout-api"].p95_ms < 500
