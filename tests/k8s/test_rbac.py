@@ -1,8 +1,9 @@
 """RBAC as deployed: the production overlay applied for real, then each member's own token.
 
 The executor's ServiceAccount may do exactly what ``KubernetesTarget`` calls
-(infra/k8s/overlays/production/executor-rbac.yaml) in the namespace it serves, and gets
-403 on everything else; the diagnostic agent's may read exactly what
+(infra/k8s/overlays/production/executor-rbac.yaml) in the namespace it serves: its
+Deployments, their ReplicaSets (listed, for a rollback) and the autoscalers whose ceiling
+it raises (an HPA, a KEDA ScaledObject); and gets 403 on everything else; the diagnostic agent's may read exactly what
 ``KubernetesEvidence`` reads (diagnostic-rbac.yaml), and write nothing; the policy
 service's may get a Deployment (policy-rbac.yaml: the 2x rule's replica count), nothing
 else. They are the three members whose pods mount a token. Every other member's ServiceAccount may do nothing at
@@ -12,6 +13,7 @@ could) reads and writes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,12 +30,26 @@ ADMIN_BINDING = {
 }
 ANNOTATE = {"metadata": {"annotations": {"flotilla.dev/probe": "1"}}}
 
-# (what, method, url, body): every call KubernetesTarget makes (services/executor/targets.py)
+REPLICASETS = f"/apis/apps/v1/namespaces/{TARGET_NAMESPACE}/replicasets"
+HPAS = "/apis/autoscaling/v2/namespaces/{}/horizontalpodautoscalers"
+SCALED_OBJECTS = "/apis/keda.sh/v1alpha1/namespaces/{}/scaledobjects"
+
+# (what, method, url, body): every call KubernetesTarget makes (services/executor/targets/kubernetes.py)
 EXECUTOR_NEEDS = [
     ("get a deployment", "GET", apps("/checkout-api"), None),
     ("list deployments (lookup)", "GET", apps(), None),
-    ("patch a deployment (claim, record, restart)", "PATCH", apps("/checkout-api"), ANNOTATE),
+    ("patch a deployment (claim, record, restart, pause, rollback, memory)", "PATCH", apps("/checkout-api"), ANNOTATE),
     ("patch the scale", "PATCH", apps("/checkout-api/scale"), {"spec": {"replicas": 1}}),
+    ("list replicasets (rollback)", "GET", REPLICASETS, None),
+    ("get an hpa", "GET", HPAS.format(TARGET_NAMESPACE) + "/checkout-api", None),
+    ("patch an hpa (raise-ceiling)", "PATCH", HPAS.format(TARGET_NAMESPACE) + "/checkout-api", ANNOTATE),
+    ("get a scaledobject", "GET", SCALED_OBJECTS.format(TARGET_NAMESPACE) + "/checkout-api", None),
+    (
+        "patch a scaledobject (raise-ceiling)",
+        "PATCH",
+        SCALED_OBJECTS.format(TARGET_NAMESPACE) + "/checkout-api",
+        ANNOTATE,
+    ),
 ]
 
 # Everything else a compromised executor might try.
@@ -51,12 +67,61 @@ NOT_FOR_ANYONE = [
     ("delete a deployment", "DELETE", apps("/checkout-api"), None),
     ("delete every deployment", "DELETE", apps(), None),
     ("read the scale subresource", "GET", apps("/checkout-api/scale"), None),
-    ("list replicasets", "GET", f"/apis/apps/v1/namespaces/{TARGET_NAMESPACE}/replicasets", None),
+    ("get a replicaset", "GET", f"{REPLICASETS}/x", None),
+    ("patch a replicaset", "PATCH", f"{REPLICASETS}/x", ANNOTATE),
+    ("delete replicasets", "DELETE", REPLICASETS, None),
+    ("list replicasets of another namespace", "GET", "/apis/apps/v1/namespaces/elsewhere/replicasets", None),
+    ("list hpas", "GET", HPAS.format(TARGET_NAMESPACE), None),
+    ("create an hpa", "POST", HPAS.format(TARGET_NAMESPACE), {"metadata": {"name": "miner"}}),
+    ("delete an hpa", "DELETE", HPAS.format(TARGET_NAMESPACE) + "/checkout-api", None),
+    ("patch an hpa of another namespace", "PATCH", HPAS.format("elsewhere") + "/checkout-api", ANNOTATE),
+    ("list scaledobjects", "GET", SCALED_OBJECTS.format(TARGET_NAMESPACE), None),
+    ("delete a scaledobject", "DELETE", SCALED_OBJECTS.format(TARGET_NAMESPACE) + "/checkout-api", None),
+    (
+        "patch a scaledobject of another namespace",
+        "PATCH",
+        SCALED_OBJECTS.format("elsewhere") + "/checkout-api",
+        ANNOTATE,
+    ),
+    (
+        "patch a scaledobject's status",
+        "PATCH",
+        SCALED_OBJECTS.format(TARGET_NAMESPACE) + "/checkout-api/status",
+        ANNOTATE,
+    ),
     ("list pods", "GET", f"/api/v1/namespaces/{TARGET_NAMESPACE}/pods", None),
     ("exec into a pod", "POST", f"/api/v1/namespaces/{TARGET_NAMESPACE}/pods/x/exec", None),
     ("list namespaces", "GET", "/api/v1/namespaces", None),
     ("grant itself a role", "POST", f"/apis/{RBAC}/namespaces/{TARGET_NAMESPACE}/rolebindings", ADMIN_BINDING),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def autoscalers(production: Cluster) -> Iterator[None]:
+    """An HPA and a ScaledObject of checkout-api, so that an allowed get or patch answers
+    200 (not 404)."""
+    hpa = {
+        "metadata": {"name": "checkout-api"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "checkout-api"},
+            "maxReplicas": 4,
+        },
+    }
+    scaled = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "checkout-api"},
+        "spec": {
+            "scaleTargetRef": {"name": "checkout-api"},
+            "triggers": [{"type": "cpu", "metricType": "Utilization", "metadata": {"value": "60"}}],
+        },
+    }
+    with production.client() as api:
+        for url, body in ((HPAS, hpa), (SCALED_OBJECTS, scaled)):
+            for namespace in (TARGET_NAMESPACE, "elsewhere"):
+                answer = api.post(url.format(namespace), json=body)
+                assert answer.status_code in (201, 409), answer.text
+    yield
 
 
 def call(cluster: Cluster, token: str, method: str, url: str, body: Any) -> int:
@@ -105,7 +170,7 @@ def test_every_other_member_can_do_nothing(production: Cluster, member: str) -> 
 # Every call KubernetesEvidence makes (libs/flotilla_evidence/kubernetes.py)
 DIAGNOSTIC_NEEDS = [
     ("get a deployment", "GET", apps("/checkout-api"), None),
-    ("list replicasets", "GET", f"/apis/apps/v1/namespaces/{TARGET_NAMESPACE}/replicasets", None),
+    ("list replicasets", "GET", REPLICASETS, None),
     ("list events", "GET", f"/api/v1/namespaces/{TARGET_NAMESPACE}/events", None),
 ]
 
@@ -114,9 +179,8 @@ def test_the_diagnostic_agent_reads_deployments_and_writes_nothing(production: C
     token = production.token_for("diagnostic-agent", FLEET_NAMESPACE)
     allowed = {what: call(production, token, method, url, body) for what, method, url, body in DIAGNOSTIC_NEEDS}
     assert allowed == {what: 200 for what, *_ in DIAGNOSTIC_NEEDS}
-    writes = [t for t in EXECUTOR_NEEDS if t[0] != "get a deployment"] + [
-        t for t in NOT_FOR_ANYONE if t[0] not in ("list replicasets",)
-    ]
+    writes = [t for t in EXECUTOR_NEEDS if t[0] not in ("get a deployment", "list replicasets (rollback)")]
+    writes += NOT_FOR_ANYONE
     denied = {what: call(production, token, method, url, body) for what, method, url, body in writes}
     assert denied == {what: 403 for what, *_ in writes}
 

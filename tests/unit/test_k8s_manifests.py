@@ -1308,13 +1308,17 @@ def test_only_the_production_executor_and_diagnostic_agent_talk_to_the_kubernete
         rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
         assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
         # What KubernetesTarget calls (test_targets.py checks the calls against this Role):
-        # read and patch (claim, record, restart) a Deployment, list them (lookup), patch
-        # the scale subresource (never read). list is a rule of its own: resourceNames, where
-        # an operator adds them, must never narrow it.
+        # read and patch (claim, record, restart, pause, rollback, raise-memory) a Deployment,
+        # list them (lookup), patch the scale subresource (never read), list ReplicaSets
+        # (rollback), get and patch the autoscalers (raise-ceiling). list is a rule of its
+        # own: resourceNames, where an operator adds them, must never narrow it.
         assert rules == {
             ("apps", "deployments", ("get", "patch")),
             ("apps", "deployments", ("list",)),
             ("apps", "deployments/scale", ("patch",)),
+            ("apps", "replicasets", ("list",)),
+            ("autoscaling", "horizontalpodautoscalers", ("get", "patch")),
+            ("keda.sh", "scaledobjects", ("get", "patch")),
         }, f"{ident(role)} in {namespace}"
         assert all("resourceNames" not in r for r in role["rules"] if "list" in r["verbs"]), ident(role)
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "executor", "namespace": fleet_namespace}]
