@@ -10,9 +10,11 @@ a signature over what they claim, by a key only their rightful author holds:
   command id, idempotency key, incident, proposal, the step's digest (which covers every
   field of the command), target, parameters, expiry, the proposal's digest, the decision
   (``auto`` by policy, or ``approved`` by a named person), the key id and when it was
-  signed. The executor verifies it before it takes a lease and refuses anything unsigned,
-  signed by a key it does not trust, or changed after signing (the expiry is signed, so
-  no one can extend it either);
+  signed, and, when a person approved a change a dry run showed them, that change's
+  digest (``expectedChange``: the executor dry-runs again and refuses another result).
+  The executor verifies it before it takes a lease and refuses anything unsigned, signed
+  by a key it does not trust, or changed after signing (the expiry is signed, so no one
+  can extend it either);
 - a RecoveryProposed carries an ``attestation`` signed by the remediation agent over the
   proposal's identity, proposer, digest (so every step), confidence and diagnosis, so the
   policy service believes ``proposedBy`` and ``confidence`` only from the agent.
@@ -160,13 +162,14 @@ class Authorized:
     decision: Grant
     approved_by: str
     proposal_digest: str
+    expected_change: str | None = None  # the Change digest a person approved, if one was shown
 
 
 def _command_claims(record_type: str, command: Mapping[str, Any], block: Mapping[str, Any]) -> dict[str, Any]:
     kind = commands.kind_of(record_type)
     if kind is None:
         raise Unauthorized(Refusal.MALFORMED, f"{record_type} is not a command")
-    return {
+    claims = {
         "commandType": record_type,
         "commandId": command["commandId"],
         "idempotencyKey": command["idempotencyKey"],
@@ -182,6 +185,11 @@ def _command_claims(record_type: str, command: Mapping[str, Any], block: Mapping
         "keyId": block["keyId"],
         "signedAt": block["signedAt"],
     }
+    # Claimed only when there is one: a command signed before the field (or without a
+    # change shown) signs and verifies over exactly the claims it always had.
+    if block.get("expectedChange") is not None:
+        claims["expectedChange"] = block["expectedChange"]
+    return claims
 
 
 def authorize_command(
@@ -193,14 +201,17 @@ def authorize_command(
     approved_by: str,
     proposal_digest: str,
     now: datetime,
+    expected_change: str | None = None,
 ) -> dict[str, Any]:
-    """The command with its ``authorization``: the value the policy service issues."""
+    """The command with its ``authorization``: the value the policy service issues.
+    ``expected_change``: the digest of the change a person approved after a dry run."""
     block: dict[str, Any] = {
         "keyId": signer.key_id,
         "decision": decision.value,
         "approvedBy": approved_by,
         "proposalDigest": proposal_digest,
         "signedAt": _millis(now),
+        "expectedChange": expected_change,
     }
     block["signature"] = signer.sign(COMMAND_DOMAIN, _command_claims(record_type, command, block))
     return {**command, AUTHORIZATION_FIELD: block}
@@ -224,7 +235,14 @@ def verify_command(keyring: Keyring, record_type: str, command: Mapping[str, Any
         decision = Grant(block["decision"])
     except ValueError:
         raise Unauthorized(Refusal.MALFORMED, f"{what}: decision {block['decision']!r} is unknown", kid) from None
-    return Authorized(kid, decision, str(block["approvedBy"]), str(block["proposalDigest"]))
+    expected = block.get("expectedChange")
+    return Authorized(
+        kid,
+        decision,
+        str(block["approvedBy"]),
+        str(block["proposalDigest"]),
+        None if expected is None else str(expected),
+    )
 
 
 # --------------------------------------------------------------- proposals

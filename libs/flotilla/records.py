@@ -97,7 +97,8 @@ class Authorization(Record):
     key, or changed after signing; the expiry is signed, so it cannot be extended. Ed25519 over
     'flotilla/command-authorization/v1' + newline + the canonical JSON (flotilla.digest) of: commandType,
     commandId, idempotencyKey, incidentId, proposalId, stepDigest (the digest of the whole command without
-    this field), target, params, expiresAt, proposalDigest, decision, approvedBy, keyId, signedAt.
+    this field), target, params, expiresAt, proposalDigest, decision, approvedBy, keyId, signedAt, and
+    expectedChange when it is not null.
 
     schemas/_types/dev.flotilla.commands.Authorization.avsc
     """
@@ -109,6 +110,7 @@ class Authorization(Record):
     proposal_digest: str
     signed_at: datetime
     signature: bytes
+    expected_change: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -620,6 +622,7 @@ class HumanApprovalRequired(Record):
     proposed_by: str
     deadline: datetime
     requested_at: datetime
+    change_digest: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -682,6 +685,7 @@ class RecoveryApproved(Record):
     auto: bool
     policy_ids: tuple[str, ...]
     approved_at: datetime
+    change_digest: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

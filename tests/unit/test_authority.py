@@ -16,6 +16,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from flotilla import commands
 from flotilla.authority import (
+    COMMAND_DOMAIN,
     Grant,
     Refusal,
     Signer,
@@ -26,7 +27,7 @@ from flotilla.authority import (
     verify_proposal,
 )
 from flotilla.contracts import load_contracts
-from flotilla.digest import command_digest
+from flotilla.digest import command_digest, step_digest
 from flotilla.keys import KeyMaterialError, Keyring, load_or_create, parse_public_key, public_key_text
 from services.policy.testing import proposal, step
 
@@ -128,6 +129,67 @@ def test_changing_anything_after_signing_is_refused(what: str) -> None:
     with pytest.raises(Unauthorized) as refused:
         verify_command(TRUSTED, SCALE, TAMPERS[what](_signed()))
     assert refused.value.refusal is Refusal.BAD_SIGNATURE, what
+
+
+CHANGE = "sha256:" + "c" * 64
+
+
+def test_the_change_a_person_approved_is_signed_and_survives_avro() -> None:
+    decoded = _avro(SCALE, "commands", _signed(expected_change=CHANGE))
+    assert decoded["authorization"]["expectedChange"] == CHANGE
+    assert verify_command(TRUSTED, SCALE, decoded).expected_change == CHANGE
+    for name, tampered in {
+        "another change": lambda v: {
+            **v,
+            "authorization": {**v["authorization"], "expectedChange": "sha256:" + "d" * 64},
+        },
+        "the change dropped": lambda v: {**v, "authorization": {**v["authorization"], "expectedChange": None}},
+    }.items():
+        with pytest.raises(Unauthorized) as refused:
+            verify_command(TRUSTED, SCALE, tampered(decoded))
+        assert refused.value.refusal is Refusal.BAD_SIGNATURE, name
+
+
+def test_a_change_cannot_be_added_to_a_command_signed_without_one() -> None:
+    signed = _signed()
+    added = {**signed, "authorization": {**signed["authorization"], "expectedChange": CHANGE}}
+    with pytest.raises(Unauthorized) as refused:
+        verify_command(TRUSTED, SCALE, added)
+    assert refused.value.refusal is Refusal.BAD_SIGNATURE
+
+
+def test_a_command_signed_before_expected_change_existed_still_verifies() -> None:
+    """Records in flight when the field was added: signed over the fourteen claims it always
+    had (built here by hand, not by the code under test), without the field in the block;
+    decoded with today's schema they carry expectedChange null and must verify unchanged."""
+    command = _command()
+    block: dict[str, Any] = {
+        "keyId": POLICY.key_id,
+        "decision": "approved",
+        "approvedBy": "alice",
+        "proposalDigest": "sha256:" + "a" * 64,
+        "signedAt": NOW,
+    }
+    legacy_claims = {
+        "commandType": SCALE,
+        "commandId": command["commandId"],
+        "idempotencyKey": command["idempotencyKey"],
+        "incidentId": command["incidentId"],
+        "proposalId": command["proposalId"],
+        "stepDigest": step_digest(command),
+        "target": command["target"],
+        "params": {"replicas": command["replicas"]},
+        "expiresAt": command["expiresAt"],
+        **block,
+    }
+    block["signature"] = POLICY.sign(COMMAND_DOMAIN, legacy_claims)
+    old = {**command, "authorization": block}
+    assert verify_command(TRUSTED, SCALE, old).expected_change is None
+    decoded = _avro(SCALE, "commands", old)
+    assert decoded["authorization"]["expectedChange"] is None
+    verify_command(TRUSTED, SCALE, decoded)
+    # and a null expectedChange signs exactly the old claims: same key, same message, same signature
+    assert _signed(command)["authorization"]["signature"] == block["signature"]
 
 
 def test_a_signature_for_one_kind_of_command_does_not_hold_for_another() -> None:
