@@ -17,6 +17,7 @@ that does not answer, or refuses, is :class:`EvidenceUnavailable`, as for any so
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -53,7 +54,8 @@ class Rollout:
 
 
 class KubernetesApi:
-    """A read-only client of the API server (bearer token, the cluster's CA)."""
+    """A client of the API server that reads, and dry-runs writes without ever persisting
+    one (bearer token, the cluster's CA)."""
 
     def __init__(
         self,
@@ -86,6 +88,27 @@ class KubernetesApi:
             raise EvidenceUnavailable(f"Kubernetes API GET {path}: HTTP {answer.status_code}: {answer.text[:200]}")
         body: dict[str, Any] = answer.json()
         return body
+
+    def dry_run(self, method: str, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        """The object the API server would store for this write (``dryRun=All``: admission
+        and validation run, nothing is persisted), so a person can be shown the exact change
+        before approving it. Never writes; the token still needs the write's verb."""
+        try:
+            answer = self._client.request(
+                method,
+                path,
+                params={"dryRun": "All"},
+                content=json.dumps(body),
+                headers={"Content-Type": content_type},
+            )
+        except httpx.HTTPError as exc:
+            raise EvidenceUnavailable(f"Kubernetes API {self.url} unreachable: {exc!r}") from exc
+        if not answer.is_success:
+            raise EvidenceUnavailable(
+                f"Kubernetes API {method} {path} (dry run): HTTP {answer.status_code}: {answer.text[:200]}"
+            )
+        written: dict[str, Any] = answer.json()
+        return written
 
     def close(self) -> None:
         self._client.close()

@@ -1,12 +1,15 @@
 """The approval API: people see pending proposals and approve or reject exact digests.
 
 ``POST /approvals/{proposalId}/approve`` and ``/reject`` take ``{"digest": ...,
-"reason"?: ...}`` and a bearer token. 401 without a valid token; 403 without the role
-or when the approver proposed the plan; 404 for an unknown proposal; 409 for a digest
-mismatch, a passed deadline (the proposal is then expired), a proposal already decided,
-superseded or no longer current, or an incident that has moved on. ``GET /approvals``
-(``?status=pending`` by default, ``all`` or any status) and ``GET /approvals/{id}``
-show each proposal with its steps, digest, reasons, deadline and seconds left.
+"changeDigest"?: ..., "reason"?: ...}`` and a bearer token; an approval must repeat the
+``changeDigest`` of the changes it was shown when the proposal has one (409 otherwise).
+401 without a valid token; 403 without the role or when the approver proposed the plan;
+404 for an unknown proposal; 409 for a digest mismatch, a passed deadline (the proposal
+is then expired), a proposal already decided, superseded or no longer current, or an
+incident that has moved on. ``GET /approvals`` (``?status=pending`` by default, ``all``
+or any status) and ``GET /approvals/{id}`` show each proposal with its steps, digest,
+the change each step makes (its target's dry run, or why there is none), reasons,
+deadline and seconds left.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at
@@ -39,14 +42,24 @@ class DecisionBody(BaseModel):
 
     digest: str = Field(min_length=1, max_length=200)
     reason: str | None = Field(default=None, max_length=2000)
+    # The digest of the changes they were shown (``changeDigest`` of the proposal): an
+    # approval of a proposal that has one must repeat it.
+    change_digest: str | None = Field(default=None, alias="changeDigest", min_length=1, max_length=200)
 
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+# What a proposal decided before previews existed, or never put to a person, shows.
+NOT_PREVIEWED = {"unavailable": "no dry run was asked for when this proposal was decided"}
+
+
 def render(p: store.StoredProposal, now: datetime) -> dict[str, Any]:
-    """A proposal with everything an approver needs to decide on it."""
+    """A proposal with everything an approver needs to decide on it, including the exact
+    change each step makes where its target could dry-run it (``change``: Change JSON with
+    its ``lines``, or ``{"unavailable": why}``) and the ``changeDigest`` that binds them."""
+    changes = p.changes if p.changes is not None and len(p.changes) == len(p.steps) else None
     return {
         "proposalId": p.proposal_id,
         "incidentId": p.incident_id,
@@ -55,6 +68,7 @@ def render(p: store.StoredProposal, now: datetime) -> dict[str, Any]:
         "dryRun": p.dry_run,
         "summary": p.summary,
         "digest": p.digest,
+        "changeDigest": p.change_digest,
         # The exact digest input: sha256 of its canonical JSON is `digest`.
         "steps": p.steps,
         "commands": [
@@ -65,8 +79,9 @@ def render(p: store.StoredProposal, now: datetime) -> dict[str, Any]:
                 "description": describe(step),
                 "idempotencyKey": step["idempotencyKey"],
                 "expiresAt": _iso(from_epoch_ms(int(step["expiresAt"]))),
+                "change": NOT_PREVIEWED if changes is None else changes[index],
             }
-            for step in p.steps
+            for index, step in enumerate(p.steps)
         ],
         "reasons": p.reasons,
         "policyIds": p.policy_ids,
@@ -136,6 +151,7 @@ def install_routes(app: FastAPI, svc: ServiceContext, runtime: PolicyRuntime) ->
                 action=action,
                 digest=body.digest,
                 reason=body.reason,
+                change_digest=body.change_digest,
             )
         except Refusal as refusal:
             log.info("%s of %s by %s refused (%d): %s", action, proposal_id, caller.name, refusal.status, refusal)

@@ -18,6 +18,7 @@ from typing import Any
 
 from flotilla import Status as IncidentStatus
 from flotilla.digest import command_digest
+from services.policy import preview
 from services.policy.auth import Person
 from services.policy.decide import PersonCheck, PolicyEngine, Target
 
@@ -62,6 +63,7 @@ class ProposalView:
     targets: tuple[Target, ...]
     required_role: str
     superseded_by: str | None = None
+    change_digest: str | None = None  # of the changes the person was shown, when any
 
 
 class Refusal(Exception):
@@ -113,6 +115,41 @@ def check_digest(proposal: ProposalView, digest: str) -> None:
     """409 unless the caller names the exact steps that are pending."""
     if not hmac.compare_digest(digest.encode(), proposal.digest.encode()):
         raise Refusal(409, f"digest mismatch: proposal {proposal.proposal_id} has digest {proposal.digest}")
+
+
+def check_change(proposal: ProposalView, change_digest: str | None) -> None:
+    """409 unless an approval names the changes the person was shown (the targets' dry
+    runs, services/policy/preview.py): a proposal that binds a change needs its digest, and
+    one that binds none takes no digest (a page that showed a change this proposal does
+    not have was showing another one)."""
+    if proposal.change_digest is None and change_digest is None:
+        return
+    if (
+        proposal.change_digest is None
+        or change_digest is None
+        or not hmac.compare_digest(change_digest.encode(), proposal.change_digest.encode())
+    ):
+        raise Refusal(
+            409,
+            f"you were shown another change: proposal {proposal.proposal_id} binds the change digest "
+            f"{proposal.change_digest or '(none: its targets gave no dry run)'}, and the approval named "
+            f"{change_digest or 'none'}; look at the proposal again before approving it",
+        )
+
+
+def check_stored_changes(proposal: ProposalView, changes: Sequence[Mapping[str, Any]] | None) -> None:
+    """409 unless the stored changes (what the person was shown, and what each command's
+    ``expectedChange`` is taken from) still hash to the change digest the person approved."""
+    try:
+        stored = None if changes is None else preview.changes_digest(preview.from_json(changes))
+    except (KeyError, TypeError, ValueError) as exc:  # not readable: edited by hand
+        stored = f"(none: {exc})"
+    if stored != proposal.change_digest:
+        raise Refusal(
+            409,
+            f"proposal {proposal.proposal_id}: the stored changes were edited after they were shown (they hash to "
+            f"{stored}, not to {proposal.change_digest}); nothing was signed",
+        )
 
 
 def check_stored_steps(proposal: ProposalView, steps: Sequence[Mapping[str, Any]]) -> None:

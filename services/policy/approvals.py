@@ -36,11 +36,13 @@ from services.policy.approval_rules import (
     Action,
     ProposalStatus,
     Refusal,
+    check_change,
     check_digest,
     check_incident,
     check_open,
     check_person,
     check_request,
+    check_stored_changes,
     check_stored_steps,
 )
 from services.policy.auth import Person
@@ -85,10 +87,13 @@ def decide_by_person(
     action: Action,
     digest: str,
     reason: str | None = None,
+    change_digest: str | None = None,
 ) -> Decided:
-    """Approve or reject; raises Refusal (with the HTTP status) when it may not."""
+    """Approve or reject; raises Refusal (with the HTTP status) when it may not. An approval
+    names the proposal's ``digest`` and, when its targets' dry runs showed the person the
+    changes, their ``change_digest`` (services/policy/preview.py)."""
     try:
-        result = _decide(svc, runtime, proposal_id, person, action, digest, reason)
+        result = _decide(svc, runtime, proposal_id, person, action, digest, reason, change_digest)
     except Refusal as refusal:
         PERSON_DECISIONS.labels(action.value, str(refusal.status)).inc()
         if refusal.expire:
@@ -108,6 +113,7 @@ def _decide(
     action: Action,
     digest: str,
     reason: str | None,
+    change_digest: str | None,
 ) -> Decided:
     with svc.pool.connection() as conn, conn.transaction():
         # Unlocked first look: answer who-are-you and what-did-you-name without locking.
@@ -116,6 +122,8 @@ def _decide(
             raise Refusal(404, f"no proposal {proposal_id}")
         check_person(runtime.engine, action, person, found.view())
         check_digest(found.view(), digest)
+        if action is Action.APPROVE:
+            check_change(found.view(), change_digest)
         check_open(found.view(), svc.now())
         if action is Action.APPROVE and (gone := missing(runtime.inventory, found.targets)):
             raise Refusal(409, f"proposal {proposal_id} is withdrawn: {gone_from_estate(gone)}", withdraw=True)
@@ -134,7 +142,9 @@ def _decide(
             raise Refusal(409, f"proposal {proposal_id} is no longer the current proposal for {detail}")
 
         if action is Action.APPROVE:
+            check_change(locked.view(), change_digest)
             check_stored_steps(locked.view(), locked.steps)  # what would be signed is what was proposed
+            check_stored_changes(locked.view(), locked.changes)  # and bound to what was shown
             recheck = runtime.engine.decide(locked.proposal_facts(), epoch_ms(now), human_approved=True)
             if recheck.outcome is not Outcome.AUTO:
                 raise Refusal(
@@ -182,6 +192,7 @@ def _approve(
             auto=False,
             policy_ids=tuple(policy_ids),
             approved_at=now,
+            change_digest=proposal.change_digest,
         ),
         cause=proposal.request_envelope(),
     )
@@ -195,6 +206,7 @@ def _approve(
         approved_by=person.name,
         proposal_digest=proposal.digest,
         at=now,
+        expected_changes=proposal.expected_changes(),
     )
     log.info("proposal %s approved by %s: %d command(s) issued", proposal.proposal_id, person.name, len(issued))
     return Decided(

@@ -3,7 +3,8 @@
 RecoveryProposed: check it (attestation, digest, steps, and that the diagnosis and incident
 it rests on are facts this service verified: services/policy/basis.py), decide, make it the current proposal for its
 incident and resources (superseding older pending ones), record proposal and decision,
-and emit — RecoveryApproved(auto) plus the commands, HumanApprovalRequired, or
+and emit — RecoveryApproved(auto) plus the commands, HumanApprovalRequired (with the
+exact change each step makes, as its target's dry run shows it: services/policy/preview.py), or
 CommandDenied and IncidentEscalated (always so in a dry run: nothing of the plan runs, so a
 person takes the incident). IncidentEscalated: the incident is in people's hands now, so
 its pending approvals are cancelled.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -33,7 +35,7 @@ from flotilla import (
 from flotilla.authority import Grant, Unauthorized, verify_proposal
 from flotilla.deadletter import Reason
 from flotilla.records import CommandDenied, HumanApprovalRequired, IncidentEscalated, RecoveryProposed
-from services.policy import basis, records, store
+from services.policy import basis, preview, records, store
 from services.policy.approval_rules import ProposalStatus
 from services.policy.commands import command_record, epoch_ms, from_epoch_ms
 from services.policy.decide import Decision, Outcome, dry_run_reasons
@@ -123,6 +125,8 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
 
     deadline: datetime | None = None
     request: Envelope | None = None
+    changes: list[dict[str, Any]] | None = None
+    change_digest: str | None = None
     reasons, policy_ids = decision.reasons, decision.policy_ids
     if runtime.dry_run:
         status = ProposalStatus.DRY_RUN
@@ -146,6 +150,10 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
     elif decision.outcome is Outcome.HUMAN:
         status = ProposalStatus.PENDING
         deadline = approval_deadline(now, runtime.approval_ttl_seconds, proposal)
+        # What each step would change, as its target's dry run shows it: the person is
+        # shown it and approves it by its digest. Bounded, and never a reason to fail.
+        previews = preview.preview_steps(runtime.previewer, facts.steps, timeout=runtime.preview_timeout_seconds)
+        changes, change_digest = preview.to_json(previews), preview.changes_digest(previews)
         required = HumanApprovalRequired(
             incident_id=proposal.incident_id,
             proposal_id=proposal.proposal_id,
@@ -157,6 +165,7 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
             proposed_by=proposal.proposed_by,
             deadline=deadline,
             requested_at=now,
+            change_digest=change_digest,
         )
         request = ctx.emit(required, key=proposal.incident_id)
     else:
@@ -185,6 +194,8 @@ def handle_proposal(svc: ServiceContext, runtime: PolicyRuntime, ctx: HandlerCon
             request=request,
             reasons=reasons,
             policy_ids=policy_ids,
+            changes=changes,
+            change_digest=change_digest,
         ),
     )
     DECISIONS.labels(decision.outcome.value, str(runtime.dry_run).lower()).inc()

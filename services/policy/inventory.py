@@ -131,6 +131,20 @@ class EstateInventory:
         return catalogue.get(target.environment, target.name) is not None
 
 
+def kubernetes_client(
+    settings: EvidenceSettings, setting: str, *, timeout: float
+) -> tuple[KubernetesApi, dict[str, str]]:
+    """The API server's client with the policy service's token, and the map from environment
+    to namespace the executor acts by; ``setting`` (what asked for them) is named when the
+    map is missing or the token cannot be read."""
+    if not settings.kubernetes_namespaces:
+        raise ValueError(
+            f"{setting} needs FLOTILLA_KUBERNETES_NAMESPACES: which namespace holds each environment's "
+            'Deployments, as the executor has it (e.g. {"production": "apps"})'
+        )
+    return settings.kubernetes_api(setting, timeout=timeout), dict(settings.kubernetes_namespaces)
+
+
 class KubernetesInventory:
     """The API server's word: ``spec.replicas`` of the Deployment named after the service,
     in the namespace its environment maps to (``FLOTILLA_KUBERNETES_NAMESPACES``, the map
@@ -150,13 +164,8 @@ class KubernetesInventory:
 
     @classmethod
     def from_settings(cls, settings: EvidenceSettings, *, timeout: float) -> KubernetesInventory:
-        if not settings.kubernetes_namespaces:
-            raise ValueError(
-                "FLOTILLA_POLICY_INVENTORY=kubernetes needs FLOTILLA_KUBERNETES_NAMESPACES: which namespace holds "
-                'each environment\'s Deployments, as the executor has it (e.g. {"production": "apps"})'
-            )
-        api = settings.kubernetes_api("FLOTILLA_POLICY_INVENTORY=kubernetes", timeout=timeout)
-        return cls(api, settings.kubernetes_namespaces, settings.catalogue())
+        api, namespaces = kubernetes_client(settings, "FLOTILLA_POLICY_INVENTORY=kubernetes", timeout=timeout)
+        return cls(api, namespaces, settings.catalogue())
 
     def _deployment(self, target: Target) -> tuple[bool | None, dict[str, Any] | None]:
         """(exists, the Deployment when it does); (None, None) when the API server cannot say."""

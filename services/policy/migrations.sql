@@ -90,3 +90,10 @@ CREATE INDEX IF NOT EXISTS policy_verified_facts_incident_idx ON policy_verified
 -- diagnosis is no more trusted than the model). NULL for openings, and for diagnoses
 -- remembered before this column: the policies read an unknown reasoner as untrusted.
 ALTER TABLE policy_verified_facts ADD COLUMN IF NOT EXISTS reasoner text;
+
+-- The exact change each step would make, as its target's dry run showed it when a person
+-- was asked (services/policy/preview.py): a JSON list, one Change or NoPreview per step,
+-- and the digest over them the approval must repeat. NULL for proposals decided before
+-- these columns, or not put to a person.
+ALTER TABLE policy_proposals ADD COLUMN IF NOT EXISTS changes jsonb;
+ALTER TABLE policy_proposals ADD COLUMN IF NOT EXISTS change_digest text;

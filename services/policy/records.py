@@ -49,12 +49,18 @@ def issue_commands(
     approved_by: str,
     proposal_digest: str,
     at: datetime,
+    expected_changes: Sequence[str | None] | None = None,
 ) -> list[Envelope]:
     """Sign each command (the executor runs nothing else) and hand it to ``sink`` for
     ``commands``, keyed by its target, caused by ``cause`` (the RecoveryApproved), with
-    ``ce_id`` = its ``commandId``. After the approval, in the caller's transaction."""
+    ``ce_id`` = its ``commandId``. After the approval, in the caller's transaction.
+    ``expected_changes``: per command, the Change digest the person approved (signed as
+    ``expectedChange``; None for a step shown no change, and for every automatic one)."""
+    expected = list(expected_changes) if expected_changes is not None else [None] * len(commands)
+    if len(expected) != len(commands):
+        raise ValueError(f"{len(expected)} expected changes for {len(commands)} commands")
     issued = []
-    for command in commands:
+    for command, change in zip(commands, expected, strict=True):
         record_type = command_type(command_kind(command))
         signed = authorize_command(
             signer,
@@ -64,6 +70,7 @@ def issue_commands(
             approved_by=approved_by,
             proposal_digest=proposal_digest,
             now=at,
+            expected_change=change,
         )
         envelope = cause.caused(record_type, source, id=str(command["commandId"]))
         sink(BY_TYPE[record_type].from_value(signed), envelope, resource_key(command["target"]))

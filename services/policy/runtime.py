@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flotilla.authority import Signer
 from flotilla.keys import Keyring
 from services.policy.auth import TokenStore
 from services.policy.decide import PolicyEngine
 from services.policy.inventory import EstateInventory, Inventory, KubernetesInventory, NoInventory, SimInventory
+from services.policy.preview import ChangePreviewer, NoPreviewer, previewer_from_settings
 from services.policy.settings import PolicySettings
 
 
@@ -25,6 +26,8 @@ class PolicyRuntime:
     dry_run: bool = False
     required_role: str = "approver"
     demo_users: bool = False
+    previewer: ChangePreviewer = field(default_factory=NoPreviewer)  # the exact change each step makes
+    preview_timeout_seconds: float = 3.0
 
     @classmethod
     def from_settings(cls, settings: PolicySettings) -> PolicyRuntime:
@@ -49,4 +52,6 @@ class PolicyRuntime:
             dry_run=settings.policy_dry_run,
             required_role=settings.approval_required_role,
             demo_users=demo,
+            previewer=previewer_from_settings(settings),
+            preview_timeout_seconds=settings.preview_timeout_seconds,
         )

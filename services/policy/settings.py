@@ -42,6 +42,14 @@ class PolicySettings(EvidenceSettings):
     policy_inventory: Literal["sim", "kubernetes", "prometheus", "none"] = "sim"
     sim_url: str = url(SIM)
     inventory_timeout_seconds: float = 1.0
+    # What shows a person the exact change of each step before they approve it
+    # (services/policy/preview.py): nothing (the sim and the compose fleet cannot dry-run;
+    # the page says so), or the Kubernetes API server's dry run of each write
+    # (services/policy/preview_kubernetes.py: the same FLOTILLA_KUBERNETES_* settings as
+    # the inventory, and a token that may dry-run those writes). The timeout bounds all
+    # of one proposal's previews together: past it, a step is shown as not dry-run.
+    policy_preview: Literal["none", "kubernetes"] = "none"
+    preview_timeout_seconds: float = 3.0
 
     # The Ed25519 key the policy service signs every command it authorizes with (the
     # executor runs nothing else); a file or mounted Secret, never the repository.

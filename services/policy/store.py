@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from flotilla import Envelope
 from flotilla.records import HumanApprovalRequired
+from services.policy import preview
 from services.policy.approval_rules import ProposalStatus, ProposalView
 from services.policy.commands import command_record
 from services.policy.decide import Decision, ProposalFacts, Target, distinct_targets
@@ -58,6 +59,8 @@ class StoredProposal:
     resolved_by: str | None
     resolution: str | None
     superseded_by: str | None
+    changes: list[dict[str, Any]] | None = None  # per step: Change or NoPreview JSON, when a person was asked
+    change_digest: str | None = None  # what the approval must repeat (services/policy/preview.py)
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -74,10 +77,18 @@ class StoredProposal:
             targets=self.targets,
             required_role=self.required_role,
             superseded_by=self.superseded_by,
+            change_digest=self.change_digest,
         )
 
     def proposal_facts(self) -> ProposalFacts:
         return ProposalFacts.from_json(self.facts)
+
+    def expected_changes(self) -> list[str | None]:
+        """Each step's approved Change digest (its command's ``expectedChange``), None where
+        the person was shown none."""
+        if self.changes is None:
+            return [None] * len(self.steps)
+        return preview.expected_changes(preview.from_json(self.changes))
 
     def command_records(self) -> list[dict[str, Any]]:
         return [command_record(step) for step in self.steps]
@@ -100,7 +111,7 @@ class StoredProposal:
 _COLUMNS = """proposal_id::text, incident_id, proposed_by, proposal_event_id::text, digest, steps, resources,
     summary, facts, decision, decision_detail, reasons, policy_ids, dry_run, status, required_role, deadline,
     proposed_at, decided_at, request_event_id::text, request_source, request_hops, request_traceparent,
-    resolved_at, resolved_by, resolution, superseded_by::text"""
+    resolved_at, resolved_by, resolution, superseded_by::text, changes, change_digest"""
 
 
 def _stored(row: dict[str, Any]) -> StoredProposal:
@@ -156,6 +167,8 @@ class NewProposal:
     request: Envelope | None  # the HumanApprovalRequired, when one was emitted
     reasons: Sequence[str]
     policy_ids: Sequence[str]
+    changes: Sequence[Mapping[str, Any]] | None = None
+    change_digest: str | None = None
 
 
 def insert(conn: psycopg.Connection[Any], p: NewProposal) -> None:
@@ -165,8 +178,8 @@ def insert(conn: psycopg.Connection[Any], p: NewProposal) -> None:
         INSERT INTO policy_proposals (proposal_id, incident_id, proposed_by, proposal_event_id, digest, steps,
             resources, summary, facts, decision, decision_detail, reasons, policy_ids, dry_run, status,
             required_role, deadline, proposed_at, decided_at, request_event_id, request_source, request_hops,
-            request_traceparent)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            request_traceparent, changes, change_digest)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
         """,
         (
             p.proposal_id,
@@ -192,6 +205,8 @@ def insert(conn: psycopg.Connection[Any], p: NewProposal) -> None:
             request.source if request else None,
             request.hops if request else None,
             request.traceparent if request else None,
+            None if p.changes is None else Jsonb([dict(c) for c in p.changes]),
+            p.change_digest,
         ),
     )
 

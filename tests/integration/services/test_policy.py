@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from psycopg.rows import dict_row
 
+from flotilla.actions import Change, NoPreview
 from flotilla.authority import Grant, Signer, verify_command
 from flotilla.bootstrap import drop_outbox
 from flotilla.commands import idempotency_key
@@ -50,9 +51,10 @@ from flotilla.workflow import IncidentState, Status, WorkflowStore, transition
 from services.policy import approvals
 from services.policy.api import install_routes
 from services.policy.auth import TokenStore
-from services.policy.decide import PolicyEngine, Target
+from services.policy.decide import PolicyEngine, StepFacts, Target
 from services.policy.handlers import make_handlers
 from services.policy.inventory import StaticInventory
+from services.policy.preview import SIM_CANNOT, changes_digest
 from services.policy.runtime import PolicyRuntime
 from services.policy.service import build_spec
 from services.policy.testing import AGENT, diagnosis_of, proposal, step, verified_basis
@@ -956,3 +958,99 @@ def test_a_rules_plan_resting_on_a_model_diagnosis_waits_for_a_person_in_product
     produce(stack, serde, topic, [control])
     drain(loop, 1)
     assert [r.type for r in outbox(svc, control["incidentId"]) if r.topic == "incidents"] == [RecoveryApproved.TYPE]
+
+
+class FixedChange:
+    """A previewer that answers one fixed Change for every step. This is a test of the
+    policy's seam (what it stores, shows, binds and signs), not of any target's dry run:
+    the Kubernetes previewer's own test runs against the API server."""
+
+    CHANGE = Change({"replicas": 4}, {"replicas": 12})
+
+    def preview(self, step: StepFacts) -> Change | NoPreview:
+        return self.CHANGE
+
+
+class Broken:
+    def preview(self, step: StepFacts) -> Change | NoPreview:
+        raise RuntimeError("the API server refused the dry run (403)")
+
+
+def test_the_change_a_dry_run_showed_is_shown_required_and_signed(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    change = FixedChange.CHANGE
+    bound = changes_digest([change])
+    assert bound is not None
+    value = pending_proposal(svc, replace(runtime, previewer=FixedChange()), replicas=12)
+    proposal_id, incident = value["proposalId"], value["incidentId"]
+    [request] = of_type(outbox(svc, incident), HumanApprovalRequired.TYPE)
+    assert request.value["changeDigest"] == bound
+
+    shown = client.get(f"/approvals/{proposal_id}", headers=auth("bob-token")).json()
+    assert shown["changeDigest"] == bound
+    assert shown["commands"][0]["change"] == change.to_json()
+    assert shown["commands"][0]["change"]["lines"] == ["replicas: 4 → 12"]
+
+    path = f"/approvals/{proposal_id}/approve"
+    for body in ({"digest": value["digest"]}, {"digest": value["digest"], "changeDigest": "sha256:" + "0" * 64}):
+        refused = client.post(path, json=body, headers=auth("alice-token"))
+        assert refused.status_code == 409, refused.text
+        assert "you were shown another change" in refused.json()["detail"]
+    assert status_of(svc, proposal_id)[0] == "pending"
+    assert not of_type(outbox(svc, incident), SCALE)
+
+    answer = client.post(path, json={"digest": value["digest"], "changeDigest": bound}, headers=auth("alice-token"))
+    assert answer.status_code == 200, answer.text
+    rows = outbox(svc, incident)
+    [approved] = of_type(rows, RecoveryApproved.TYPE)
+    assert approved.value["changeDigest"] == bound
+    [command] = of_type(rows, SCALE)
+    assert command.value["authorization"]["expectedChange"] == change.digest
+    signed = verify_command(Keyring([POLICY_SIGNER.public_key]), SCALE, command.value)
+    assert (signed.decision, signed.expected_change) == (Grant.APPROVED, change.digest)
+
+
+def test_a_target_that_cannot_dry_run_says_so_and_binds_nothing(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    """The sim's previewer (the default) and a previewer that fails: the person is asked all
+    the same, told why there is no change to see, and approves the digest alone."""
+    for previewer, expected in ((runtime.previewer, SIM_CANNOT), (Broken(), "refused the dry run (403)")):
+        value = pending_proposal(svc, replace(runtime, previewer=previewer), replicas=12)
+        [request] = of_type(outbox(svc, value["incidentId"]), HumanApprovalRequired.TYPE)
+        assert request.value["changeDigest"] is None
+        shown = client.get(f"/approvals/{value['proposalId']}", headers=auth("bob-token")).json()
+        assert shown["changeDigest"] is None
+        assert expected in shown["commands"][0]["change"]["unavailable"]
+        answer = client.post(
+            f"/approvals/{value['proposalId']}/approve", json={"digest": value["digest"]}, headers=auth("alice-token")
+        )
+        assert answer.status_code == 200, answer.text
+        [command] = of_type(outbox(svc, value["incidentId"]), SCALE)
+        assert command.value["authorization"]["expectedChange"] is None
+        verify_command(Keyring([POLICY_SIGNER.public_key]), SCALE, command.value)
+
+
+def test_changes_edited_in_the_database_are_refused_at_approval_and_nothing_is_signed(
+    svc: ServiceContext, runtime: PolicyRuntime, client: TestClient
+) -> None:
+    """Whoever holds the policy's database role rewrites the change a person will be shown
+    (and its digest, consistently): the stored changes no longer hash to it, 409."""
+    value = pending_proposal(svc, replace(runtime, previewer=FixedChange()), replicas=12)
+    with svc.pool.connection() as conn, conn.transaction():
+        conn.execute(
+            "UPDATE policy_proposals SET changes = jsonb_set(changes, '{0,after,replicas}', '5') "
+            "WHERE proposal_id = %s",
+            (value["proposalId"],),
+        )
+    bound = changes_digest([FixedChange.CHANGE])
+    answer = client.post(
+        f"/approvals/{value['proposalId']}/approve",
+        json={"digest": value["digest"], "changeDigest": bound},
+        headers=auth("alice-token"),
+    )
+    assert answer.status_code == 409, answer.text
+    assert "edited after they were shown" in answer.text
+    rows = outbox(svc, value["incidentId"])
+    assert of_type(rows, SCALE) == [] and of_type(rows, RecoveryApproved.TYPE) == []
