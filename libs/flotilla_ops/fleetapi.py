@@ -149,11 +149,21 @@ class FleetApi:
         return found
 
     def decide(
-        self, token: str, proposal_id: str, *, approve: bool, digest: str, reason: str | None = None
+        self,
+        token: str,
+        proposal_id: str,
+        *,
+        approve: bool,
+        digest: str,
+        reason: str | None = None,
+        change_digest: str | None = None,
     ) -> dict[str, Any]:
-        """Approve or reject ``proposal_id``; ``digest`` must be the one the person saw."""
+        """Approve or reject ``proposal_id``; ``digest`` must be the one the person saw, and
+        ``change_digest`` that of the changes they were shown (when the proposal has one)."""
         verb = "approve" if approve else "reject"
         body: dict[str, Any] = {"digest": digest}
+        if change_digest is not None:
+            body["changeDigest"] = change_digest
         if reason:
             body["reason"] = reason
         decided: dict[str, Any] = self._call(

@@ -6,7 +6,8 @@ copying a decoded value into the re-queue form. Every call to a service goes thr
 unreachable service a page that says so (503), never a traceback.
 
 Pages: ``/login`` (a bearer token the policy service accepts), ``/approvals`` and
-``/approvals/{id}`` (full context; approve/reject the digest shown), ``/incidents`` and
+``/approvals/{id}`` (full context, with the exact change each command makes where its
+target can dry-run it; approve/reject the digests shown), ``/incidents`` and
 ``/incidents/{id}`` (the audit timeline), ``/dlq`` and ``/dlq/{id}`` (inspect and
 re-queue dead letters). Every POST carries the session's CSRF token. Sessions are kept in
 this process (:mod:`services.console.session`); signing out ends one for good.
@@ -276,7 +277,9 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             digest_ok=views.digest_matches(proposal.get("steps"), proposal.get("digest")),
         )
 
-    def decide(request: Request, proposal_id: str, approve: bool, digest: str, csrf: str, reason: str) -> Response:
+    def decide(
+        request: Request, proposal_id: str, approve: bool, digest: str, csrf: str, reason: str, change_digest: str = ""
+    ) -> Response:
         check_csrf(request, csrf)
         token = token_of(request)
         action = "approve" if approve else "reject"
@@ -286,7 +289,14 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
             session.flash("error", "The form carried no digest; nothing was sent.")
             return RedirectResponse(back, status_code=303)
         try:
-            decided = api.decide(token, proposal_id, approve=approve, digest=digest, reason=reason.strip() or None)
+            decided = api.decide(
+                token,
+                proposal_id,
+                approve=approve,
+                digest=digest,
+                reason=reason.strip() or None,
+                change_digest=change_digest or None,  # the changes the page showed, bound as shown
+            )
         except FleetApiError as exc:
             if exc.status in (0, 401) or exc.status >= 500:
                 DECISIONS.labels(action, "error").inc()
@@ -315,8 +325,9 @@ def create_console_app(settings: ConsoleSettings | None = None, api: FleetApi | 
         digest: Annotated[str, Form()] = "",
         csrf: Annotated[str, Form()] = "",
         reason: Annotated[str, Form()] = "",
+        change_digest: Annotated[str, Form()] = "",
     ) -> Response:
-        return decide(request, proposal_id, True, digest, csrf, reason)
+        return decide(request, proposal_id, True, digest, csrf, reason, change_digest)
 
     @app.post("/approvals/{proposal_id}/reject")
     def reject(

@@ -260,6 +260,11 @@ def decision_refusal(exc: FleetApiError, action: str) -> str:
             "Refused (409 digest mismatch): the commands are not the ones shown on this page. "
             f"Nothing was {action}d; review the proposal again. The policy service said: {detail}"
         )
+    if exc.status == 409 and "another change" in lowered:
+        return (
+            "Refused (409 another change): the changes the targets' dry runs show are not the ones on this "
+            f"page. Nothing was {action}d; review the proposal again. The policy service said: {detail}"
+        )
     if exc.status == 409 and ("deadline" in lowered or "expired" in lowered):
         return (
             "Refused (409 expired): the approval deadline has passed, the proposal expired and the "

@@ -1,9 +1,10 @@
 """``flotilla approvals list|show``, ``flotilla approve|reject``: people deciding on proposals.
 
-Approving shows exactly what is being approved (incident, commands, digest, reasons,
-deadline) and asks before sending, unless ``--yes``. The digest sent is the one shown:
-if the proposal changed in between, the policy service refuses it (409), so an approval
-never covers commands the person did not see.
+Approving shows exactly what is being approved (incident, commands, the change each
+makes as its target's dry run showed it, digests, reasons, deadline) and asks before
+sending, unless ``--yes``. The digests sent are the ones shown: if the proposal or its
+changes differ in between, the policy service refuses it (409), so an approval never
+covers commands or changes the person did not see.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ def need_token(out: Output, token: str | None) -> str:
     return token
 
 
+def change_lines(change: Any) -> list[str]:
+    """What a command changes, as its target's dry run showed it, or why it cannot be shown."""
+    if not isinstance(change, dict):
+        return []
+    if "unavailable" in change:
+        return [f"change: not shown ({change['unavailable']})"]
+    return ["change:"] + [f"  {line}" for line in change.get("lines") or []]
+
+
 def render_proposal(p: dict[str, Any]) -> str:
     """Everything an approver needs to decide, in the order they need it."""
     left = p.get("secondsLeft")
@@ -44,6 +54,7 @@ def render_proposal(p: dict[str, Any]) -> str:
         f"decision   {p.get('decision') or '-'}; needs role {p.get('requiredRole') or '-'}"
         + ("  (DRY RUN: authorizes nothing)" if p.get("dryRun") else ""),
         f"digest     {p.get('digest')}",
+        f"changes    {p.get('changeDigest') or '-'}",
         "reasons",
     ]
     lines += [f"  - {r}" for r in p.get("reasons") or []] or ["  -"]
@@ -51,6 +62,7 @@ def render_proposal(p: dict[str, Any]) -> str:
     for i, c in enumerate(p.get("commands") or [], start=1):
         lines.append(f"  {i}. {c.get('kind')} {c.get('target')}: {c.get('description')}")
         lines.append(f"     key {c.get('idempotencyKey')}, expires {c.get('expiresAt')}")
+        lines += [f"     {line}" for line in change_lines(c.get("change"))]
     if p.get("supersededBy"):
         lines.append(f"superseded by {p['supersededBy']}")
     if p.get("resolvedBy"):
@@ -141,6 +153,7 @@ def decide(
         if shown.get("status") != "pending":
             out.fail(f"proposal {proposal_id} is {shown.get('status')}; there is nothing to {verb}", proposal=shown)
         digest = str(shown["digest"])
+        change_digest = shown.get("changeDigest")  # the changes shown below, bound as shown
         if expected_digest is not None and expected_digest != digest:
             out.fail(
                 f"proposal {proposal_id} now has digest {digest}, not the {expected_digest} given; nothing sent",
@@ -148,12 +161,15 @@ def decide(
             )
         if not out.json:
             typer.echo(render_proposal(shown))
-        if not yes and not typer.confirm(f"\n{verb.capitalize()} exactly these commands (digest {digest})?"):
+        bound = f"digest {digest}" + (f", changes {change_digest}" if change_digest else "")
+        if not yes and not typer.confirm(f"\n{verb.capitalize()} exactly these commands ({bound})?"):
             out.fail(f"not {verb}d; nothing was sent")
         with api_errors(out, f"{verb} {proposal_id}"):
-            decided = api.decide(bearer, proposal_id, approve=approve, digest=digest, reason=reason)
+            decided = api.decide(
+                bearer, proposal_id, approve=approve, digest=digest, reason=reason, change_digest=change_digest
+            )
     out.emit(
-        {"ok": True, "decision": decided, "proposal": shown, "digest": digest},
+        {"ok": True, "decision": decided, "proposal": shown, "digest": digest, "changeDigest": change_digest},
         lambda d: (
             f"{d['decision'].get('status')} by {d['decision'].get('by')}: proposal {proposal_id} "
             f"(incident {d['decision'].get('incidentId')}, digest {digest})"

@@ -163,6 +163,28 @@ def test_approve_shows_the_proposal_asks_and_sends_the_digest_shown(
     assert "approved by alice" in result.stdout
 
 
+CHANGE_DIGEST = "sha256:" + "c" * 64
+
+
+def test_approve_shows_each_commands_change_and_sends_the_change_digest_shown(
+    cli: CliRunner, http_runtime: Runtime, services: Services
+) -> None:
+    shown = proposal()
+    shown["changeDigest"] = CHANGE_DIGEST
+    shown["commands"] = [
+        {**shown["commands"][0], "change": {"lines": ["images: shop=shop:1.5 → shop=shop:1.4"], "digest": "x"}},
+        {**shown["commands"][0], "commandId": "c-2", "change": {"unavailable": "the sim cannot dry-run a change"}},
+    ]
+    services.on("GET", f"/approvals/{PROPOSAL}", 200, shown)
+    services.on("POST", APPROVE, 200, DECIDED)
+    result = invoke(cli, http_runtime, "approve", PROPOSAL, "--token", "alice-token", stdin="y\n")
+    assert result.exit_code == 0, result.stderr
+    assert "images: shop=shop:1.5 → shop=shop:1.4" in result.stdout
+    assert "change: not shown (the sim cannot dry-run a change)" in result.stdout
+    assert f"changes {CHANGE_DIGEST}" in result.stdout
+    assert services.posted(APPROVE) == [{"digest": DIGEST, "changeDigest": CHANGE_DIGEST}]
+
+
 def test_declining_sends_nothing(cli: CliRunner, http_runtime: Runtime, services: Services) -> None:
     services.on("GET", f"/approvals/{PROPOSAL}", 200, proposal())
     result = invoke(cli, http_runtime, "approve", PROPOSAL, "--token", "alice-token", stdin="n\n")

@@ -212,6 +212,9 @@ class StandIns:
             if body["digest"] != self.proposal["digest"]:
                 detail = f"digest mismatch: proposal {PROPOSAL} has digest {self.proposal['digest']}"
                 return httpx.Response(409, json={"detail": detail, "policyIds": []})
+            if m.group(2) == "approve" and body.get("changeDigest") != self.proposal.get("changeDigest"):
+                detail = f"you were shown another change: proposal {PROPOSAL} binds {self.proposal['changeDigest']}"
+                return httpx.Response(409, json={"detail": detail, "policyIds": []})
             if self.expired:
                 detail = "approval deadline 2026-01-01T10:15:00+00:00 has passed: the proposal expired"
                 return httpx.Response(409, json={"detail": detail, "policyIds": []})
@@ -733,6 +736,47 @@ def test_approve_sends_the_digest_shown_and_leads_to_the_timeline(client: TestCl
     assert services.decisions == [("approve", "alice-token", {"digest": shown.group(1)})]
     timeline = client.get(answer.headers["location"])
     assert "Approved by alice" in timeline.text
+
+
+CHANGE_DIGEST = "sha256:" + "c" * 64
+
+
+def test_the_page_shows_the_exact_change_and_approves_the_change_digest_shown(
+    client: TestClient, services: StandIns
+) -> None:
+    services.proposal["changeDigest"] = CHANGE_DIGEST
+    services.proposal["commands"][0]["change"] = {"lines": ["replicas: 4 → 12"], "digest": "sha256:" + "d" * 64}
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    assert "replicas: 4 → 12" in text_of(page.text) and CHANGE_DIGEST in page.text
+    posted = re.search(r'name="change_digest" value="([^"]+)"', page.text)
+    assert posted is not None and posted.group(1) == CHANGE_DIGEST
+    form = {"csrf": csrf_of(page.text), "digest": DIGEST, "change_digest": posted.group(1)}
+    answer = client.post(f"/approvals/{PROPOSAL}/approve", data=form)
+    assert answer.status_code == 303 and answer.headers["location"] == f"/incidents/{INCIDENT}"
+    assert services.decisions == [("approve", "alice-token", {"digest": DIGEST, "changeDigest": CHANGE_DIGEST})]
+
+
+def test_a_change_that_differs_from_the_one_shown_is_refused_with_a_clear_message(
+    client: TestClient, services: StandIns
+) -> None:
+    services.proposal["changeDigest"] = CHANGE_DIGEST
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    services.proposal["changeDigest"] = "sha256:" + "e" * 64  # another dry run than the page showed
+    form = {"csrf": csrf_of(page.text), "digest": DIGEST, "change_digest": CHANGE_DIGEST}
+    client.post(f"/approvals/{PROPOSAL}/approve", data=form)
+    text = text_of(client.get(f"/approvals/{PROPOSAL}").text)
+    assert "Refused (409 another change)" in text and "Nothing was approved" in text
+
+
+def test_a_target_that_cannot_dry_run_says_so_on_the_page(client: TestClient, services: StandIns) -> None:
+    why = "the sim cannot dry-run a change: what it does is the step's own description"
+    services.proposal["commands"][0]["change"] = {"unavailable": why}
+    login(client)
+    page = client.get(f"/approvals/{PROPOSAL}")
+    assert why in text_of(page.text)
+    assert 'name="change_digest"' not in page.text
 
 
 def test_reject_sends_the_digest_and_the_reason(client: TestClient, services: StandIns) -> None:
