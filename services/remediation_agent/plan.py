@@ -61,6 +61,8 @@ def _rollback_with_facts(step: PlannedStep, topology: Topology) -> PlannedStep:
         raise InvalidPlan(f"{where}: the service is not in the evidence")
     if service.rollback_forbidden:
         raise InvalidPlan(f"{where}: its running release forbids a rollback ({service.rollback_forbidden})")
+    if service.paused:
+        raise InvalidPlan(f"{where}: its rollout is paused; a rollback waits for someone to resume it")
     running, candidate = service.running, service.rollback_candidate
     if running is None or candidate is None:
         raise InvalidPlan(f"{where}: the evidence does not show the running revision and an earlier one")

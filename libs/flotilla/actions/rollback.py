@@ -65,7 +65,7 @@ def _check(params: Mapping[str, Any]) -> list[str]:
 SPEC = ActionSpec(
     kind="RollbackDeployment",
     action="rollback",
-    usage="rollback (toRevision: an earlier revision of the service, as the evidence names it)",
+    usage="rollback (toRevision: the service's rollbackCandidate.revision, exactly)",
     params=(
         Param("toRevision", ParamType.TEXT, "rollback: the revision to return to"),
         Param("fromRevision", ParamType.TEXT, "the revision running when planned", True, False, False),

@@ -180,6 +180,7 @@ def test_a_rollback_named_by_its_revision_alone_gets_both_revisions_facts_from_t
         (rollback(toRevision="1"), {}, "is not the one the evidence shows before 3"),
         (rollback(toImages=["shop=evil:6.6"]), {}, "toImages differ from the evidence"),
         (rollback(), {"rollback_forbidden": "migration 42 dropped a column"}, "forbids a rollback"),
+        (rollback(), {"paused": True}, "its rollout is paused"),
         (rollback(), {"rollback_candidate": None}, "does not show the running revision and an earlier one"),
     ],
 )
