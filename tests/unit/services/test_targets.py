@@ -36,6 +36,7 @@ from services.executor.targets import (
     TargetRejected,
     TargetUnavailable,
 )
+from services.executor.targets.quantity import format_bytes, parse_bytes
 from services.sim import create_sim_app
 
 CHECKOUT = "checkout-api"
@@ -311,7 +312,10 @@ class FakeKubernetes:
     """Deployments in namespaces, enough of apps/v1 for KubernetesTarget.
 
     Production (``apps``) has checkout-api (4 replicas) and search-api (2); dev
-    (``apps-dev``) has checkout-dev (2). ``requests`` logs every call as ``(method,
+    (``apps-dev``) has checkout-dev (2). ``replica_sets`` are listed as stored (no
+    controller makes them); ``objects`` holds other objects by URL path (an HPA, a
+    ScaledObject), read and merge-patched like a Deployment. The real API server's
+    behaviour of these is proven in tests/k8s. ``requests`` logs every call as ``(method,
     path)``; ``patches`` every PATCH as ``(<namespace>/<name>[/scale], content type,
     body)``. ``before_patch`` holds callables run (one per PATCH, first in first out)
     just before a PATCH is handled: another writer slipping in between a read and a write.
@@ -321,6 +325,8 @@ class FakeKubernetes:
         self.lock = threading.Lock()
         self.version = 100
         self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
+        self.replica_sets: list[dict[str, Any]] = []
+        self.objects: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, str, dict[str, Any]]] = []
         self.before_patch: list[Callable[[FakeKubernetes], None]] = []
@@ -333,8 +339,25 @@ class FakeKubernetes:
         self.deployments[(namespace, name)] = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": self._next(), "annotations": {}},
-            "spec": {"replicas": replicas, "template": {"metadata": {"labels": {"app": name}}, "spec": {}}},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{namespace}-{name}",
+                "resourceVersion": self._next(),
+                "annotations": {},
+            },
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "containers": [
+                            {"name": "app", "image": f"{name}:2", "resources": {"limits": {"memory": "256Mi"}}}
+                        ]
+                    },
+                },
+            },
         }
 
     def _next(self) -> str:
@@ -417,6 +440,35 @@ class FakeKubernetes:
             content_type = request.headers.get("content-type", "")
             return self._patch((namespace, name), content_type, await request.body(), scale=False)
 
+        @app.get("/apis/apps/v1/namespaces/{namespace}/replicasets")
+        def list_replica_sets(namespace: str) -> dict[str, Any]:
+            with self.lock:
+                items = [rs for rs in self.replica_sets if rs["metadata"]["namespace"] == namespace]
+                return {"kind": "ReplicaSetList", "items": copy.deepcopy(items)}
+
+        @app.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}", response_model=None)
+        def get_object(request: Request) -> dict[str, Any] | JSONResponse:
+            with self.lock:
+                if request.url.path not in self.objects:
+                    return status(404, "NotFound", f"{request.url.path} not found")
+                return copy.deepcopy(self.objects[request.url.path])
+
+        @app.patch("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}", response_model=None)
+        async def patch_object(request: Request) -> dict[str, Any] | JSONResponse:
+            body = json.loads(await request.body())
+            with self.lock:
+                current = self.objects.get(request.url.path)
+                if current is None:
+                    return status(404, "NotFound", f"{request.url.path} not found")
+                wanted = body.get("metadata", {}).get("resourceVersion")
+                if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+                    return status(409, "Conflict", "the object has been modified")
+                body.get("metadata", {}).pop("resourceVersion", None)
+                updated: dict[str, Any] = merge_patch(current, body)
+                updated["metadata"]["resourceVersion"] = self._next()
+                self.objects[request.url.path] = updated
+                return copy.deepcopy(updated)
+
         @app.patch(base + "/{name}/scale", response_model=None)
         async def patch_scale(namespace: str, name: str, request: Request) -> dict[str, Any] | JSONResponse:
             content_type = request.headers.get("content-type", "")
@@ -427,13 +479,19 @@ class FakeKubernetes:
     def _patch(
         self, where: tuple[str, str], content_type: str, raw: bytes, *, scale: bool
     ) -> dict[str, Any] | JSONResponse:
-        if content_type != "application/merge-patch+json":
+        if content_type not in ("application/merge-patch+json", "application/json-patch+json") or (
+            scale and content_type != "application/merge-patch+json"
+        ):
             return status(
                 415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}"
             )
         if self.before_patch:
             self.before_patch.pop(0)(self)
         body = json.loads(raw)
+        if content_type == "application/json-patch+json":
+            with self.lock:
+                self.patches.append(("/".join(where), content_type, {"ops": body}))
+                return self._json_patch(where, body)
         with self.lock:
             self.patches.append(("/".join(where) + ("/scale" if scale else ""), content_type, body))
             if where not in self.deployments:
@@ -447,6 +505,51 @@ class FakeKubernetes:
             if scale:
                 return self.scale_of(self._apply(where, {"spec": {"replicas": body["spec"]["replicas"]}}))
             return copy.deepcopy(self._apply(where, body))
+
+    def _json_patch(self, where: tuple[str, str], ops: list[dict[str, Any]]) -> dict[str, Any] | JSONResponse:
+        """RFC 6902 ``replace``/``add`` as KubernetesTarget sends them; a replaced
+        resourceVersion other than the current one is a 409, as on the API server."""
+        if where not in self.deployments:
+            return status(404, "NotFound", f'deployments.apps "{where[1]}" not found')
+        updated = copy.deepcopy(self.deployments[where])
+        for op in ops:
+            *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+            node: Any = updated
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            if op["path"] == "/metadata/resourceVersion":
+                if op["value"] != node[leaf]:
+                    return status(409, "Conflict", "the object has been modified")
+                continue
+            assert op["op"] in ("replace", "add") and (op["op"] == "add" or leaf in node), op
+            node[leaf] = copy.deepcopy(op["value"])
+        updated["metadata"]["resourceVersion"] = self._next()
+        self.deployments[where] = updated
+        return copy.deepcopy(updated)
+
+    def release(self, name: str = CHECKOUT, namespace: str = PRODUCTION) -> None:
+        """Two ReplicaSets of the Deployment, as its controller would have made them:
+        revision 1 (``<name>:1``) and revision 2, the running template."""
+        deployment = self.deployment(name, namespace)
+        for revision, image in (("1", f"{name}:1"), ("2", None)):
+            template = copy.deepcopy(deployment["spec"]["template"])
+            if image is not None:
+                template["spec"]["containers"][0]["image"] = image
+            template["metadata"]["labels"]["pod-template-hash"] = f"hash{revision}"
+            meta = {
+                "name": f"{name}-hash{revision}",
+                "namespace": namespace,
+                "labels": template["metadata"]["labels"],
+                "annotations": {"deployment.kubernetes.io/revision": revision},
+                "ownerReferences": [{"kind": "Deployment", "name": name, "uid": deployment["metadata"]["uid"]}],
+            }
+            self.replica_sets.append({"metadata": meta, "spec": {"template": template}})
+
+    def autoscaler(self, path: str, spec: dict[str, Any]) -> None:
+        self.objects[path] = {
+            "metadata": {"name": path.rsplit("/", 1)[1], "resourceVersion": self._next()},
+            "spec": spec,
+        }
 
 
 @pytest.fixture
@@ -578,29 +681,60 @@ def test_kubernetes_endless_conflicts_are_retryable(kube: KubernetesTarget, clus
 EXECUTOR_ROLE = Path(__file__).resolve().parents[3] / "infra" / "k8s" / "overlays" / "production" / "executor-rbac.yaml"
 
 
-def _rbac(method: str, path: str) -> tuple[str, str]:
-    """The RBAC (verb, resource) of one apps/v1 Deployment call."""
-    parts = path.removeprefix("/apis/apps/v1/namespaces/").split("/")  # ns, deployments[, name[, sub]]
-    assert parts[1] == "deployments" and len(parts) <= 4, path
-    resource = "deployments" + (f"/{parts[3]}" if len(parts) == 4 else "")
+def _rbac(method: str, path: str) -> tuple[str, str, str]:
+    """The RBAC (API group, verb, resource) of one call."""
+    group, _, rest = path.removeprefix("/apis/").partition("/namespaces/")
+    parts = rest.split("/")  # ns, plural[, name[, sub]]
+    assert len(parts) <= 4, path
+    resource = parts[1] + (f"/{parts[3]}" if len(parts) == 4 else "")
     if method == "GET":
-        return ("get" if len(parts) >= 3 else "list"), resource
-    return {"PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[method], resource
+        return group.split("/")[0], ("get" if len(parts) >= 3 else "list"), resource
+    return (
+        group.split("/")[0],
+        {"PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[method],
+        resource,
+    )
+
+
+HPA = f"/apis/autoscaling/v2/namespaces/{PRODUCTION}/horizontalpodautoscalers/{CHECKOUT}"
+SCALED_OBJECT = f"/apis/keda.sh/v1alpha1/namespaces/{PRODUCTION}/scaledobjects/{CHECKOUT}"
 
 
 def test_the_executor_role_grants_exactly_what_the_target_calls(
     kube: KubernetesTarget, cluster: FakeKubernetes
 ) -> None:
-    """Every call of every action (scale, restart, a replay, a conflict, lookup, the refused
-    ones) against the Role the production executor runs with: nothing used is missing, and
+    """Every call of every action (scale, restart, pause, rollback, raise-ceiling on an HPA
+    and a ScaledObject, raise-memory, a replay, a conflict, lookup, the refused ones)
+    against the Role the production executor runs with: nothing used is missing, and
     nothing granted goes unused."""
     import yaml
 
+    cluster.release()
+    cluster.autoscaler(HPA, {"scaleTargetRef": {"kind": "Deployment", "name": CHECKOUT}, "maxReplicas": 4})
+    cluster.autoscaler(SCALED_OBJECT, {"scaleTargetRef": {"name": CHECKOUT}, "maxReplicaCount": 3})
     kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 3, "a")
     kube.apply("scale", PROD_CHECKOUT, {"replicas": 12}, KEY, 3, "a")  # replayed
     cluster.before_patch.append(lambda c: c.write("search-api", {"metadata": {"labels": {"x": "y"}}}))
     kube.apply("scale", PROD_SEARCH, {"replicas": 3}, "incident-9:scale:3", 3, "a")  # after a conflict
+    kube.apply("pause", PROD_CHECKOUT, {"paused": True}, "incident-3:pause", 4, "a")
+    kube.apply("pause", PROD_CHECKOUT, {"paused": False}, "incident-3:resume", 4, "a")
+    rollback = {"toRevision": "1", "fromRevision": "2", "toImages": [f"app={CHECKOUT}:1"]}
+    assert kube.apply("rollback", PROD_CHECKOUT, rollback, "incident-3:rollback", 4, "a").after["revision"] == "1"
     kube.apply("restart", PROD_CHECKOUT, {"rolling": True}, "incident-3:restart", 4, "a")
+    for kind, before in (("HorizontalPodAutoscaler", 4), ("ScaledObject", 3)):
+        params = {"autoscalerKind": kind, "autoscaler": CHECKOUT, "fromMaxReplicas": before, "maxReplicas": 6}
+        assert kube.apply("raise-ceiling", PROD_CHECKOUT, params, f"incident-3:{kind}", 4, "a").after == {
+            "maxReplicas": 6
+        }
+    memory = {"container": "app", "fromMemoryLimitBytes": 256 * 2**20, "memoryLimitBytes": 384 * 2**20}
+    kube.apply("raise-memory", PROD_CHECKOUT, memory, "incident-3:memory", 4, "a")
+    assert cluster.deployment()["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "memory": "384Mi"
+    }
+    assert (
+        cluster.objects[HPA]["spec"]["maxReplicas"] == 6
+        and cluster.objects[SCALED_OBJECT]["spec"]["maxReplicaCount"] == 6
+    )
     kube.lookup(KEY)
     kube.lookup("never-applied")
     for action, params in (("rollback", {"toRevision": "r1"}), ("failover", {})):
@@ -610,16 +744,20 @@ def test_the_executor_role_grants_exactly_what_the_target_calls(
     [role] = [d for d in yaml.safe_load_all(EXECUTOR_ROLE.read_text()) if d["kind"] == "Role"]
     granted = set()
     for rule in role["rules"]:
-        assert rule["apiGroups"] == ["apps"], rule
-        granted |= {(verb, resource) for verb in rule["verbs"] for resource in rule["resources"]}
+        granted |= {(g, v, r) for g in rule["apiGroups"] for v in rule["verbs"] for r in rule["resources"]}
     assert (
         used
         == granted
         == {
-            ("get", "deployments"),
-            ("list", "deployments"),
-            ("patch", "deployments"),
-            ("patch", "deployments/scale"),
+            ("apps", "get", "deployments"),
+            ("apps", "list", "deployments"),
+            ("apps", "patch", "deployments"),
+            ("apps", "patch", "deployments/scale"),
+            ("apps", "list", "replicasets"),
+            ("autoscaling", "get", "horizontalpodautoscalers"),
+            ("autoscaling", "patch", "horizontalpodautoscalers"),
+            ("keda.sh", "get", "scaledobjects"),
+            ("keda.sh", "patch", "scaledobjects"),
         }
     )
 
@@ -640,7 +778,11 @@ def test_kubernetes_restart_is_one_write(kube: KubernetesTarget, cluster: FakeKu
 @pytest.mark.parametrize(
     ("action", "params", "fragment"),
     [
-        ("rollback", {"toRevision": "v1"}, "rollback"),
+        ("rollback", {"toRevision": "1"}, "must name the revision it rolls back from"),
+        ("rollback", {"toRevision": "v1", "fromRevision": "2"}, "revision number"),
+        ("pause", {"paused": "yes"}, "pause takes"),
+        ("raise-ceiling", {"autoscalerKind": "Vpa", "autoscaler": "x", "fromMaxReplicas": 2, "maxReplicas": 3}, "Vpa"),
+        ("raise-memory", {"container": "app", "fromMemoryLimitBytes": 10, "memoryLimitBytes": 21}, "twice"),
         ("failover", {"dependency": "payments-api", "toTarget": "payments-api-secondary"}, "failover"),
         ("restart", {"rolling": False}, "rolling"),
         ("scale", {"replicas": -1}, "negative"),
@@ -843,3 +985,32 @@ def test_the_namespace_mapping_is_read_and_checked_with_the_settings(
     monkeypatch.delenv("FLOTILLA_KUBERNETES_NAMESPACE")
     monkeypatch.setenv("FLOTILLA_EXECUTOR_TARGET", "sim")
     assert ExecutorSettings.load().kubernetes_namespaces == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "canonical"),
+    [
+        ("512Mi", 512 * 2**20, "512Mi"),
+        ("1Gi", 2**30, "1Gi"),
+        ("1.5Gi", 3 * 2**29, "1536Mi"),
+        ("1G", 10**9, "1G"),
+        ("1e9", 10**9, "1G"),
+        ("1.5E3", 1500, "1500"),
+        ("1E", 10**18, "1E"),
+        ("128974848", 128974848, "123Mi"),
+        ("129e6", 129 * 10**6, "129M"),
+        ("0.5Ki", 512, "512"),
+        ("1500m", 2, "2"),  # a fraction of a byte rounds up, as Quantity.Value() does
+        ("0", 0, "0"),
+    ],
+)
+def test_memory_quantities_are_read_and_written_as_kubernetes_does(text: str, count: int, canonical: str) -> None:
+    assert parse_bytes(text) == count
+    assert format_bytes(count) == canonical
+    assert parse_bytes(canonical) == count
+
+
+@pytest.mark.parametrize("text", ["", "Mi", "-1Mi", "1.2.3", "1Mb", "1e", "1 Gi", "10E", "1e999"])
+def test_what_is_no_memory_quantity_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_bytes(text)
