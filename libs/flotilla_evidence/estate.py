@@ -25,7 +25,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -69,6 +69,20 @@ class _Versions:
     current: str
     previous: str | None
     changed_at: datetime | None
+    images: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # version -> "container=image"
+
+
+def _image_of(labels: Mapping[str, str], service: str) -> str | None:
+    """``container=image:tag`` from OpenTelemetry's container resource attributes on
+    ``target_info`` (``container_image_name``, ``container_image_tags``; the container is
+    ``k8s_container_name``, else the service); None where the series has no image. A
+    list of tags, as an exporter renders an array attribute, gives its first."""
+    name = labels.get("container_image_name")
+    if not name:
+        return None
+    tags = labels.get("container_image_tags", "").strip("[]").replace('"', "").split(",")[0].strip()
+    container = labels.get("k8s_container_name") or service
+    return f"{container}={name}:{tags}" if tags else f"{container}={name}"
 
 
 # Threads for the readings of concurrent snapshots: two requests each (its instant and its
@@ -303,17 +317,21 @@ class PrometheusEvidence:
 
     def _versions_from(self, series: list[RangeSeries]) -> dict[Key, _Versions]:
         seen: dict[Key, list[tuple[datetime, datetime, str]]] = defaultdict(list)
+        images: dict[Key, dict[str, tuple[str, ...]]] = defaultdict(dict)
         for s in series:
             key, version = self._key_of(s.labels), self._name(s.labels, self.labels.version)
             if key and version and s.points:
                 seen[key].append((s.points[0][0], s.points[-1][0], version))
+                image = _image_of(s.labels, key[1])
+                if image is not None:
+                    images[key][version] = (image,)
         found = {}
         for key, spans in seen.items():
             spans.sort(key=lambda span: (span[1], span[0]))  # by last seen, then first seen
             current = spans[-1]
             before = [span for span in spans[:-1] if span[2] != current[2]]
             previous = before[-1][2] if before else None
-            found[key] = _Versions(current[2], previous, current[0] if before else None)
+            found[key] = _Versions(current[2], previous, current[0] if before else None, images.get(key, {}))
         return found
 
     def _history_from(self, series: list[RangeSeries], environment: str) -> dict[str, Series]:
@@ -387,7 +405,9 @@ class PrometheusEvidence:
                     dependency_p95[(name, dependency)] = seen
             version = versions.get(key)
             running, candidate = (
-                named_revisions(None, None) if version is None else named_revisions(version.current, version.previous)
+                named_revisions(None, None)
+                if version is None
+                else named_revisions(version.current, version.previous, version.images)
             )
             if name in services:
                 log.debug("%s is in several environments; the whole-estate snapshot keeps %s", name, env)

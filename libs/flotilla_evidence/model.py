@@ -54,12 +54,16 @@ class RevisionFacts:
         return {"revision": self.revision, "templateHash": self.template_hash, "images": list(self.images)}
 
 
-def named_revisions(current: str | None, previous: str | None) -> tuple[RevisionFacts | None, RevisionFacts | None]:
-    """(running, rollback candidate) where a revision is known by its name alone, as a
-    service reports it in telemetry (``service_version``): the sim rolls back by that name."""
+def named_revisions(
+    current: str | None, previous: str | None, images: Mapping[str, tuple[str, ...]] | None = None
+) -> tuple[RevisionFacts | None, RevisionFacts | None]:
+    """(running, rollback candidate) where a revision is known by its name, as a service
+    reports it in telemetry (``service_version``, and its image where the resource says
+    it): the sim rolls back by that name."""
+    known = images or {}
     return (
-        None if current is None else RevisionFacts(current),
-        None if current is None or previous is None else RevisionFacts(previous),
+        None if current is None else RevisionFacts(current, images=known.get(current, ())),
+        None if current is None or previous is None else RevisionFacts(previous, images=known.get(previous, ())),
     )
 
 

@@ -86,7 +86,8 @@ DEFAULTS = {
     ),
     # the running version, over the look-back (a range query: before and after a change)
     "versions": (
-        "max by (service_name, deployment_environment_name, service_version) "
+        "max by (service_name, deployment_environment_name, service_version, k8s_container_name, "
+        "container_image_name, container_image_tags) "
         '(target_info{${trusted}service_name=~"$services"})'
     ),
     # worker-slot demand over slots per service; no convention exists, so off by default

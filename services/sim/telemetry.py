@@ -327,5 +327,11 @@ def render(readings: list[ServiceReading]) -> str:
         if r.rollback_forbidden is not None
     )
     _family(out, TARGET_INFO)
-    out.extend(f'{TARGET_INFO}{{{r.labels},service_version="{_escape(r.revision)}"}} 1\n' for r in readings)
+    # the running release's image as OpenTelemetry's container resource attributes name it
+    # (container.image.name, container.image.tags): a rollback is shown with the images
+    out.extend(
+        f'{TARGET_INFO}{{{r.labels},service_version="{_escape(r.revision)}",'
+        f'container_image_name="{_escape(r.name)}",container_image_tags="{_escape(r.revision)}"}} 1\n'
+        for r in readings
+    )
     return "".join(out)

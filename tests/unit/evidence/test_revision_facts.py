@@ -201,3 +201,13 @@ def test_prometheus_gives_the_versions_as_revision_facts_with_paused_and_forbidd
     # asked with the replicas, in the same request, scoped to the neighbourhood's Deployments
     [bundle] = [q for q in api.asked if "kube_deployment_spec_paused" in q]
     assert "kube_deployment_annotations" in bundle and "kube_deployment_spec_replicas" in bundle
+
+
+def test_a_version_s_image_is_read_from_the_otel_container_attributes_on_target_info() -> None:
+    from flotilla_evidence.estate import _image_of
+
+    labels = {"service_name": "checkout-api", "container_image_name": "shop", "container_image_tags": '["1.5","x"]'}
+    assert _image_of(labels, "checkout-api") == "checkout-api=shop:1.5"
+    assert _image_of({**labels, "k8s_container_name": "app"}, "checkout-api") == "app=shop:1.5"
+    assert _image_of({"container_image_name": "shop"}, "web") == "web=shop"
+    assert _image_of({"service_name": "web"}, "web") is None

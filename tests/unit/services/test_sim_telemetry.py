@@ -280,9 +280,11 @@ def test_the_gauges_an_estate_publishes() -> None:
     kube = {"namespace": "production", "deployment": CHECKOUT}
     assert _value(series, "kube_deployment_spec_replicas", **kube) == 4
     assert _value(series, "kube_deployment_status_replicas_available", **kube) == 4
-    assert _value(series, "target_info", service_name=CHECKOUT, service_version="v41", **PROD) == 1
+    image = {"container_image_name": CHECKOUT, "container_image_tags": "v41"}  # OTel's container.image.*
+    assert _value(series, "target_info", service_name=CHECKOUT, service_version="v41", **image, **PROD) == 1
     dev = {"service_name": "payments-dev", "deployment_environment_name": "dev"}
-    assert _value(series, "target_info", service_version="v17", **dev) == 1
+    dev_image = {"container_image_name": "payments-dev", "container_image_tags": "v17"}
+    assert _value(series, "target_info", service_version="v17", **dev_image, **dev) == 1
     assert _value(series, "kube_deployment_spec_replicas", namespace="dev", deployment="payments-dev") == 2
 
 
