@@ -842,9 +842,11 @@ def start_node(paths: Paths) -> int:
     return pid
 
 
-def import_images(paths: Paths) -> None:
+def import_images(paths: Paths, names: tuple[str, ...] = IMAGES) -> None:
+    """Load ``<name>.tar`` of ``paths.images`` into the node's containerd (the workload's
+    images too: workload/workload.py)."""
     holder = pid_of("node", paths)
-    for name in IMAGES:
+    for name in names:
         done = subprocess.run(
             [
                 # inside the node's mount namespace: ctr keeps its scratch files under /run
