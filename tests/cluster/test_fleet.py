@@ -8,6 +8,8 @@
 - the executor's own token, read from its pod, acts in `apps` and is refused (403)
   everywhere else; the cluster overlay's Roles are production's;
 - each member's /readyz answers 200 through ``kubectl port-forward`` on 127.0.0.1;
+- the NetworkPolicies as stored allow every connection the running fleet makes (evaluated:
+  the bridge CNI does not enforce them);
 - a record the health agent publishes to `incidents` (an alert delivered to its webhook
   with the alert senders' token) reaches the diagnostic agent, which consumes it.
 
@@ -34,6 +36,7 @@ import yaml
 
 from flotilla.fleet import AGENTS, AUDIT, CONSOLE, DIAGNOSTIC, HEALTH, Member
 from tests.cluster.conftest import REPO_ROOT, Cluster, clusterctl, forwarded_port
+from tests.support import netpol
 from tests.support.scripts import load_script
 
 fleetdeploy = load_script("flotilla_fleetdeploy", REPO_ROOT / "infra" / "k8s" / "cluster" / "fleetdeploy.py")
@@ -307,3 +310,65 @@ def test_an_alert_published_to_incidents_is_consumed(fleet: Cluster) -> None:
     entries = fleet.wait(f"incident {incident} audited with the alert and the diagnostic agent's answer", timeline, 120)
     assert all(e["verified"] for e in entries if e["source"] == f"/flotilla/{HEALTH.name}"), entries
     assert _consumed(fleet, DIAGNOSTIC) > consumed
+
+
+def _running_pods(cluster: Cluster) -> list[netpol.Pod]:
+    namespaces = {
+        n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in cluster.api("/api/v1/namespaces")["items"]
+    }
+    found = []
+    for pod in cluster.api("/api/v1/pods")["items"]:
+        if pod["status"].get("phase") != "Running":
+            continue
+        ports = {
+            p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if "name" in p
+        }
+        namespace = pod["metadata"]["namespace"]
+        found.append(
+            netpol.Pod(
+                namespace, pod["metadata"].get("labels", {}), namespaces[namespace], ports, pod["metadata"]["name"]
+            )
+        )
+    return found
+
+
+def test_the_policies_as_stored_allow_what_the_running_fleet_does(fleet: Cluster) -> None:
+    """The bridge CNI does not enforce NetworkPolicies (docs/operations/cluster.md): the
+    policies the API server stores are evaluated over the pods that run, with their real
+    labels, for every connection the fleet makes here. Before base/ admitted the fleet to
+    the stack's pods beside it, every member's connection to its database, Kafka and the
+    registry was denied by the base's own default deny."""
+    pods = _running_pods(fleet)
+    policies = fleet.api("/apis/networking.k8s.io/v1/networkpolicies")["items"]
+
+    def pod(namespace: str, label: str, value: str) -> netpol.Pod:
+        matching = [p for p in pods if p.namespace == namespace and p.labels.get(label) == value]
+        assert matching, f"no running pod {label}={value} in {namespace}"
+        return matching[0]
+
+    name = "app.kubernetes.io/name"
+    postgres, registry = pod(NS, name, "flotilla-postgres"), pod(NS, name, "flotilla-registry")
+    kafka, connect = (
+        pod(NS, "strimzi.io/name", "flotilla-kafka"),
+        pod(NS, "strimzi.io/name", "flotilla-connect-connect"),
+    )
+    dns = pod("kube-system", "k8s-app", "kube-dns")
+    needed: list[tuple[netpol.Pod, netpol.Pod, int, str]] = []
+    for member in AGENTS:
+        client = pod(NS, name, member.name)
+        needed += [(client, postgres, 5432, "TCP"), (client, kafka, 9092, "TCP"), (client, registry, 8080, "TCP")]
+        needed += [(client, connect, 8083, "TCP"), (client, dns, 53, "UDP")]
+    needed += [(connect, kafka, 9092, "TCP"), (connect, postgres, 5432, "TCP"), (connect, dns, 53, "UDP")]
+    needed += [(registry, postgres, 5432, "TCP")]
+    console = pod(NS, name, "console")
+    needed += [(console, pod(NS, name, m.name), m.http_port, "TCP") for m in AGENTS if m.name in API_MEMBERS]
+    denied = [
+        f"{s} -> {d}:{port}/{proto}" for s, d, port, proto in needed if not netpol.connects(policies, s, d, port, proto)
+    ]
+    assert not denied, denied
+    # and they still have teeth: the console reaches no database, nothing outside reaches Kafka
+    assert not netpol.connects(policies, console, postgres, 5432)
+    assert not netpol.connects(policies, pod("kube-system", "k8s-app", "kube-dns"), kafka, 9092)
+
+
+API_MEMBERS = ("policy-service", "executor", "audit", "dlq-reconciler")  # what the console calls
