@@ -14,13 +14,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-from services.executor.targets import KubernetesTarget, TargetRejected
+from services.executor.targets import KubernetesTarget, StaleFencingToken, TargetRejected, TargetUnavailable
 
 from .conftest import MERGE, TARGET_NAMESPACE, Cluster, apps, deployment
 from .test_kubernetes_rollback import REVISION, replica_sets, wait_for, written
-from .test_kubernetes_target import ENVIRONMENT, live, target
+from .test_kubernetes_target import ENVIRONMENT, hooked, live, recorded, target, wrote
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -177,6 +178,53 @@ def test_an_hpa_of_another_deployment_is_not_raised(production: Cluster, executo
         act(production, executor_token, "raise-ceiling", name, ceiling("HorizontalPodAutoscaler", "nope", 4, 6))
     assert missing.value.status == 404
     assert KubernetesTarget.LAST_KEY not in (live(production, name)["metadata"].get("annotations") or {})
+
+
+def test_a_crash_between_the_hpa_write_and_the_record_is_retried_to_one_raise(
+    production: Cluster, executor_token: str, name: str
+) -> None:
+    def crash_before_the_record(request: httpx.Request, response: httpx.Response | None) -> None:
+        if request.method == "PATCH" and "horizontalpodautoscalers" in request.url.path and wrote(response):
+            raise httpx.ConnectError("the executor died here", request=request)
+
+    with production.client() as api:
+        assert api.post(HPAS, json=hpa(name, name, 4)).status_code == 201
+    key = f"k-{uuid.uuid4()}"
+    params = ceiling("HorizontalPodAutoscaler", name, 4, 8)
+    with hooked(production, executor_token, crash_before_the_record) as dying, pytest.raises(TargetUnavailable):
+        dying.apply("raise-ceiling", f"{ENVIRONMENT}/{name}", params, key, 5, "executor-0")
+    with production.client() as api:
+        assert api.get(f"{HPAS}/{name}").json()["spec"]["maxReplicas"] == 8  # applied, not recorded
+    with target(production, executor_token) as k8s:
+        retried = k8s.apply("raise-ceiling", f"{ENVIRONMENT}/{name}", params, key, 5, "executor-1")
+    assert (retried.before, retried.after, retried.replayed) == ({"maxReplicas": 4}, {"maxReplicas": 8}, False)
+    assert [h["idempotencyKey"] for h in recorded(production, name)] == [key]
+
+
+def test_a_newer_holder_writing_the_hpa_fences_the_older_one_out(
+    production: Cluster, executor_token: str, name: str
+) -> None:
+    """The older holder (5) has read the HPA and claimed the Deployment; the newer (6)
+    raises the HPA before the older writes it: the older's write meets the HPA's new
+    resourceVersion, it reads the Deployment again and finds itself stale."""
+    with production.client() as api:
+        assert api.post(HPAS, json=hpa(name, name, 4)).status_code == 201
+    newer = target(production, executor_token)
+
+    def a_newer_holder_acts(request: httpx.Request, response: httpx.Response | None) -> None:
+        claim = request.method == "PATCH" and request.url.path == apps(f"/{name}")
+        if claim and not acted:
+            params = ceiling("HorizontalPodAutoscaler", name, 4, 5)
+            acted.append(newer.apply("raise-ceiling", f"{ENVIRONMENT}/{name}", params, "k-newer", 6, "executor-1"))
+
+    acted: list[Any] = []
+    params = ceiling("HorizontalPodAutoscaler", name, 4, 8)
+    with hooked(production, executor_token, a_newer_holder_acts) as old, pytest.raises(StaleFencingToken):
+        old.apply("raise-ceiling", f"{ENVIRONMENT}/{name}", params, "k-older", 5, "executor-0")
+    newer.close()
+    with production.client() as api:
+        assert api.get(f"{HPAS}/{name}").json()["spec"]["maxReplicas"] == 5  # the older's 8 never landed
+    assert [h["idempotencyKey"] for h in recorded(production, name)] == ["k-newer"]
 
 
 def test_a_keda_scaled_object_ceiling_is_raised(production: Cluster, executor_token: str, name: str) -> None:

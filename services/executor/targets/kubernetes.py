@@ -277,9 +277,11 @@ class KubernetesTarget:
       Deployment but not yet written the autoscaler can still be overtaken by the older
       one's autoscaler write; the newer then finds the ceiling changed since its plan and
       is refused (a person decides), so nothing is applied twice. A crash between acting
-      and recording leaves the key unrecorded, and a retry sets the same absolute value
-      again only if the "from" value still holds (raise-ceiling) or, for scale, changes
-      nothing.
+      and recording leaves the key unrecorded; a retry with the same key sets the same
+      absolute replica count again (scale), or finds the ceiling already at the wanted
+      value and records it without writing again (raise-ceiling: its ``before`` is then
+      the plan's "from" value, which the target can no longer read; a person who set
+      the same value meanwhile is indistinguishable from the lost write).
 
     A resource ``<environment>/<name>`` (the commands-topic key) names the Deployment
     ``<name>`` in the namespace configured for ``<environment>``
@@ -554,7 +556,11 @@ class KubernetesTarget:
                 "a command may raise only the ceiling of its own resource"
             )
         current = spec.get(kind.ceiling, kind.default_ceiling)
-        if current != params["fromMaxReplicas"]:
+        # Already at the wanted ceiling: this key's own earlier write whose record was
+        # lost (a crash between the write and the record), retried with the same key:
+        # claimed and recorded, not written again.
+        done = current == params["maxReplicas"]
+        if current != params["fromMaxReplicas"] and not done:
             raise TargetRejected(
                 f"{label} has {kind.ceiling} {current}, not the {params['fromMaxReplicas']} the plan raises from: "
                 "someone changed it since the plan"
@@ -569,19 +575,17 @@ class KubernetesTarget:
                     f"({MAX_REPLICAS_CEILING}: {declared.strip()})"
                 )
         self._claim(step)
-        written = self._patch(
-            url,
-            {
-                "metadata": {"resourceVersion": scaler["metadata"]["resourceVersion"]},
-                "spec": {kind.ceiling: params["maxReplicas"]},
-            },
-            what=f"raise {label}",
-        )
-        result = self._result(
-            step,
-            {"maxReplicas": current},
-            {"maxReplicas": int(written["spec"].get(kind.ceiling, params["maxReplicas"]))},
-        )
+        if not done:
+            written = self._patch(
+                url,
+                {
+                    "metadata": {"resourceVersion": scaler["metadata"]["resourceVersion"]},
+                    "spec": {kind.ceiling: params["maxReplicas"]},
+                },
+                what=f"raise {label}",
+            )
+            current = written["spec"].get(kind.ceiling, params["maxReplicas"])
+        result = self._result(step, {"maxReplicas": params["fromMaxReplicas"]}, {"maxReplicas": int(current)})
         self._record(place, result)
         return result
 
