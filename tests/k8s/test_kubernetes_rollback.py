@@ -101,6 +101,7 @@ def plan(rs_sets: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
         "fromRevision": new["metadata"]["annotations"][REVISION],
         "fromTemplateHash": new["metadata"]["labels"][HASH],
         "toTemplateHash": old["metadata"]["labels"][HASH],
+        "fromImages": images(new["spec"]["template"]),
         "toImages": images(old["spec"]["template"]),
         **overrides,
     }
@@ -264,6 +265,7 @@ def test_a_plan_naming_other_hashes_or_images_is_refused(
             (plan(rs_sets, toTemplateHash="0000000000"), "not the template the plan names"),
             (plan(rs_sets, fromTemplateHash="0000000000"), "not the template the plan saw"),
             (plan(rs_sets, toImages=["app=registry.example.com/app:0"]), "as the plan says"),
+            (plan(rs_sets, fromImages=["app=registry.example.com/app:9"]), "as the plan saw"),
             (plan(rs_sets, fromRevision="1", toRevision="2"), "no longer runs revision 1"),
             (plan(rs_sets, fromRevision=None), "must name the revision it rolls back from"),
         ):

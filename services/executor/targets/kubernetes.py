@@ -134,7 +134,7 @@ def check_restart(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_rollback(params: Mapping[str, Any]) -> dict[str, Any]:
-    optional = frozenset({"fromRevision", "fromTemplateHash", "toTemplateHash", "toImages"})
+    optional = frozenset({"fromRevision", "fromTemplateHash", "toTemplateHash", "fromImages", "toImages"})
     _takes("rollback", params, {"toRevision"}, optional)
     if params.get("fromRevision") is None:
         raise TargetRejected(
@@ -152,15 +152,17 @@ def check_rollback(params: Mapping[str, Any]) -> dict[str, Any]:
         value = params.get(field)
         if value is not None and (not isinstance(value, str) or not value):
             raise TargetRejected(f"rollback {field} is a pod-template-hash or null, got {value!r}")
-    images = params.get("toImages") or []
-    if not isinstance(images, list | tuple) or not all(isinstance(i, str) and "=" in i for i in images):
-        raise TargetRejected(f"rollback toImages lists 'container=image' texts, got {images!r}")
+    for field in ("fromImages", "toImages"):
+        images = params.get(field) or []
+        if not isinstance(images, list | tuple) or not all(isinstance(i, str) and "=" in i for i in images):
+            raise TargetRejected(f"rollback {field} lists 'container=image' texts, got {images!r}")
     return {
         "toRevision": to_revision,
         "fromRevision": from_revision,
         "fromTemplateHash": params.get("fromTemplateHash"),
         "toTemplateHash": params.get("toTemplateHash"),
-        "toImages": list(images),
+        "fromImages": list(params.get("fromImages") or []),
+        "toImages": list(params.get("toImages") or []),
     }
 
 
@@ -488,6 +490,11 @@ class KubernetesTarget:
             raise TargetRejected(
                 f"{name} runs revision {from_revision} with pod-template-hash {_hash(running)}, not the "
                 f"{params['fromTemplateHash']} of the plan: it is not the template the plan saw"
+            )
+        if params["fromImages"] and images_of(current) != params["fromImages"]:
+            raise TargetRejected(
+                f"{name} runs {', '.join(images_of(current))}, not {', '.join(params['fromImages'])} as the plan "
+                "saw: it is not the template the plan saw"
             )
         wanted = self._rollback_source(step, listed, owned)
         images = images_of(wanted["spec"]["template"])
