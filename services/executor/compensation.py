@@ -6,7 +6,8 @@ reported *before* it ran; undoing a step means driving the resource back to that
 - scale → scale back to the previous replica count;
 - rollback → roll forward to the revision that was running before;
 - failover → fail back to the dependency target that was active before;
-- pause → resume (or pause again); a raised ceiling or memory limit → set back;
+- pause, a raised ceiling or memory limit → left as they are, said so (undoing them because
+  a later step failed would restart a bad rollout or take capacity away); resume → pause;
 - restart → nothing to undo (a restart leaves no state behind to restore), said so.
 
 Each kind says how it is undone (``ActionSpec.undo`` in :mod:`flotilla.actions`).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flotilla.actions.spec import ActionSpec, Param, ParamType, Reversal, recorded
+from flotilla.actions.spec import ActionSpec, Param, ParamType, Reversal
 
 AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
 
@@ -32,16 +32,10 @@ def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], af
 
 
 def _undo(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> Reversal:
-    ceiling = int(recorded(before, "maxReplicas"))
-    return Reversal(
-        {
-            "autoscalerKind": params["autoscalerKind"],
-            "autoscaler": params["autoscaler"],
-            "fromMaxReplicas": int(recorded(after, "maxReplicas")),
-            "maxReplicas": ceiling,
-        },
-        f"set {name}'s autoscaler ceiling back to {ceiling}",
-    )
+    """Left raised: lowering a ceiling during an incident, only because a later step
+    failed, could take capacity away when it is needed; a person lowers it (targets
+    refuse to lower one anyway: this kind only raises)."""
+    return Reversal(None, f"{name}'s autoscaler ceiling stays at {params['maxReplicas']}: a person may lower it")
 
 
 def _check(params: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flotilla.actions.spec import ActionSpec, Param, ParamType, Reversal, recorded
+from flotilla.actions.spec import ActionSpec, Param, ParamType, Reversal
 
 _UNITS = (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
 
@@ -42,15 +42,10 @@ def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], af
 
 
 def _undo(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> Reversal:
-    limit = int(recorded(before, "memoryLimitBytes"))
-    return Reversal(
-        {
-            "container": params["container"],
-            "fromMemoryLimitBytes": int(recorded(after, "memoryLimitBytes")),
-            "memoryLimitBytes": limit,
-        },
-        f"set the memory limit of {name}'s {params['container']} back to {quantity(limit)}",
-    )
+    """Left raised: a lower limit is the one the pods were killed at; a person lowers it
+    (targets refuse to lower one anyway: this kind only raises)."""
+    limit = quantity(int(params["memoryLimitBytes"]))
+    return Reversal(None, f"the memory limit of {name}'s {params['container']} stays at {limit}: a person may lower it")
 
 
 def _check(params: Mapping[str, Any]) -> list[str]:

@@ -26,10 +26,14 @@ def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], af
 
 
 def _undo(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> Reversal:
-    if not isinstance(before.get("paused"), bool):
-        raise CannotUndo("the recorded before-state has no paused")
-    paused = bool(before["paused"])
-    return Reversal({"paused": paused}, f"{'pause' if paused else 'resume'} the rollout of {name} again")
+    """A pause is left in place: resuming a rollout that was stopped because it went bad,
+    only because a later step failed, would restart the harm. A resume is undone by
+    pausing again, the safe direction."""
+    if params.get("paused"):
+        return Reversal(None, f"the rollout of {name} stays paused: a person resumes it")
+    if before.get("paused") is not True:
+        raise CannotUndo("the recorded before-state does not say the rollout was paused")
+    return Reversal({"paused": True}, f"pause the rollout of {name} again")
 
 
 SPEC = ActionSpec(
