@@ -41,6 +41,10 @@ class Step:
     params: Mapping[str, Any]
     expires_at: datetime | None = None  # None: never (compensations must always run)
     compensates: str | None = None  # commandId of the step this one undoes
+    # The digest of the change a person approved (the authorization's signed
+    # expectedChange): the target dry-runs the step and refuses another change. None: no
+    # change was shown (automatic, or a target that cannot dry-run); compensations carry none.
+    expected_change: str | None = None
 
     @property
     def resource(self) -> str:
@@ -64,8 +68,9 @@ def is_command(record_type: str) -> bool:
     return record_type in SPECS
 
 
-def from_record(record_type: str, value: Mapping[str, Any]) -> Step:
-    """The step a decoded command record asks for; BusinessRuleViolation if it cannot run."""
+def from_record(record_type: str, value: Mapping[str, Any], expected_change: str | None = None) -> Step:
+    """The step a decoded command record asks for; BusinessRuleViolation if it cannot run.
+    ``expected_change``: what the verified authorization says a person approved."""
     if record_type not in SPECS:
         raise BusinessRuleViolation(f"{record_type} is not a command the executor carries out")
     spec = SPECS[record_type]
@@ -87,6 +92,7 @@ def from_record(record_type: str, value: Mapping[str, Any]) -> Step:
         action=spec.action,
         params=spec.params_of(value),
         expires_at=value["expiresAt"],
+        expected_change=expected_change,
     )
 
 

@@ -402,7 +402,13 @@ class Session:
             with tracing.child_span(f"{step.action} apply", {**attributes, "flotilla.fencing_token": lease.epoch}):
                 result = self._call(
                     lambda: target.apply(
-                        step.action, step.resource, step.params, step.idempotency_key, lease.epoch, lease.holder
+                        step.action,
+                        step.resource,
+                        step.params,
+                        step.idempotency_key,
+                        lease.epoch,
+                        lease.holder,
+                        expected_change=step.expected_change,
                     ),
                     lease,
                 )

@@ -65,9 +65,10 @@ class ExecutorHandlers:
     # -------------------------------------------------------------- handlers
 
     def on_command(self, ctx: HandlerContext) -> None:
-        self._authorize(ctx)  # before anything else: a lease is only ever taken for the policy's commands
+        # Before anything else: a lease is only ever taken for the policy's commands.
+        authorized = self._authorize(ctx)
         transaction = self.executor.bound_handler_transaction(ctx.conn)
-        step = commands.from_record(ctx.incoming.record_type, ctx.incoming.value)
+        step = commands.from_record(ctx.incoming.record_type, ctx.incoming.value, authorized.expected_change)
         if ctx.incoming.key is not None and ctx.incoming.key != step.resource:
             log.warning(
                 "%s arrived keyed %r, not by its resource %s", step.idempotency_key, ctx.incoming.key, step.resource

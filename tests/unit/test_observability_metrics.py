@@ -185,7 +185,7 @@ def test_a_stale_fencing_token_refused_by_the_target_is_counted() -> None:
     from services.executor.targets import StaleFencingToken
 
     class Refusing:
-        def apply(self, *args: object) -> Any:
+        def apply(self, *args: object, **kwargs: object) -> Any:
             raise StaleFencingToken(4, 5)
 
         def lookup(self, key: str) -> None:

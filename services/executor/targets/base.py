@@ -109,7 +109,12 @@ class ActionTarget(Protocol):
         idempotency_key: str,
         fencing_token: int,
         holder: str,
-    ) -> ActionResult: ...
+        expected_change: str | None = None,
+    ) -> ActionResult:
+        """Apply ``action`` once per key. ``expected_change``: the digest of the change a
+        person approved; a target refuses (TargetRejected) when its dry run of the step
+        shows another change, and one that cannot dry-run refuses any."""
+        ...
 
     def lookup(self, idempotency_key: str) -> ActionResult | None: ...
 

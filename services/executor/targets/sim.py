@@ -11,6 +11,7 @@ import httpx
 from services.executor.targets.base import (
     ActionResult,
     StaleFencingToken,
+    TargetRejected,
     TargetUnavailable,
     failure,
 )
@@ -49,7 +50,15 @@ class SimTarget:
         idempotency_key: str,
         fencing_token: int,
         holder: str,
+        expected_change: str | None = None,
     ) -> ActionResult:
+        if expected_change is not None:
+            # Never reached from a sound policy (it shows the sim's steps no change to
+            # approve), so a command carrying one was approved on another target's dry run.
+            raise TargetRejected(
+                f"the sim cannot dry-run, so it cannot check the approved change {expected_change}: "
+                f"{action} {resource} is not applied"
+            )
         body = {
             "resource": resource,
             "params": dict(params),

@@ -105,6 +105,7 @@ class FakeTarget:
         idempotency_key: str,
         fencing_token: int,
         holder: str,
+        expected_change: str | None = None,
     ) -> ActionResult:
         if self.delay:
             time.sleep(self.delay)

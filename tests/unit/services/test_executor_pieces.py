@@ -102,6 +102,14 @@ def test_commands_that_cannot_run_are_business_rule_violations(kind: str, overri
         commands.from_record(kind, record(commands.SCALE, **overrides))
 
 
+def test_a_step_carries_the_approved_change_and_its_compensation_none() -> None:
+    """The verified authorization's expectedChange rides on the step to the target; an
+    undo was never shown to anyone, so it carries none (it is checked by its own reads)."""
+    approved = commands.from_record(commands.SCALE, record(commands.SCALE), "sha256:ab")
+    assert approved.expected_change == "sha256:ab" and step().expected_change is None
+    assert commands.compensation(approved, "scale", {"replicas": 4}).expected_change is None
+
+
 def test_a_compensation_has_its_own_key_and_a_stable_command_id() -> None:
     s = step()
     undo = commands.compensation(s, "scale", {"replicas": 4})

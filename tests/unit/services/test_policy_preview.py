@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from services.policy.approval_rules import (
     check_stored_changes,
 )
 from services.policy.decide import StepFacts, Target
-from services.policy.preview_kubernetes import KubernetesPreviewer, Read
+from services.policy.preview_kubernetes import KubernetesPreviewer
 from services.policy.settings import PolicySettings
 
 SHOP = Target("service", "production", "shop")
@@ -163,42 +162,18 @@ def test_changes_edited_in_the_database_after_they_were_shown_are_refused() -> N
 # ------------------------------------------------------- the Kubernetes side
 
 
-@dataclass
-class Planned:
-    method: str
-    path: str
-    body: Any
-    content_type: str
-    before: bool
-
-    def change(self, answer: Mapping[str, Any]) -> Change:
-        return Change({"paused": self.before}, {"paused": bool(answer["spec"].get("paused", False))})
-
-
-class Refused(Exception):
-    pass
-
-
-def plan_pause(
-    action: str, params: Mapping[str, Any], *, namespace: str, deployment: Mapping[str, Any], read: Read
-) -> Planned | None:
-    """Stands in for flotilla.actions.kubernetes.planned_write (not in this tree yet): a
-    merge patch of spec.paused, refused for a Deployment marked so."""
-    if action != "pause":
-        return None
-    if "forbid" in (deployment["metadata"].get("annotations") or {}):
-        raise Refused("forbidden by annotation")
-    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment['metadata']['name']}"
-    return Planned("PATCH", path, {"spec": {"paused": params["paused"]}}, "application/merge-patch+json", False)
-
-
-def api_server(deployments: dict[str, dict[str, Any]]) -> tuple[KubernetesApi, list[httpx.Request]]:
+def api_server(
+    deployments: dict[str, dict[str, Any]], replica_sets: list[dict[str, Any]] | None = None
+) -> tuple[KubernetesApi, list[httpx.Request]]:
     """An HTTP answer per request as the API server gives it: GET a Deployment (404 when
-    absent), a dry-run PATCH answered with the merged object and nothing stored."""
+    absent) or the ReplicaSets, a dry-run PATCH answered with the patched object (a merge
+    patch of spec, or a JSON Patch replace) and nothing stored."""
     asked: list[httpx.Request] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
         asked.append(request)
+        if request.url.path.endswith("/replicasets"):
+            return httpx.Response(200, json={"items": replica_sets or []})
         name = request.url.path.rsplit("/", 1)[1]
         found = deployments.get(name)
         if found is None:
@@ -206,42 +181,87 @@ def api_server(deployments: dict[str, dict[str, Any]]) -> tuple[KubernetesApi, l
         if request.method == "GET":
             return httpx.Response(200, json=found)
         patch = json.loads(request.content)
+        if isinstance(patch, list):  # JSON Patch: replace /spec/template
+            (op,) = patch
+            assert op["path"] == "/spec/template"
+            return httpx.Response(200, json={**found, "spec": {**found["spec"], "template": op["value"]}})
         return httpx.Response(200, json={**found, "spec": {**found["spec"], **patch["spec"]}})
 
     return KubernetesApi("https://k8s.test", "t", transport=httpx.MockTransport(answer)), asked
 
 
+def template(image: str, **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": "shop", **labels}},
+        "spec": {"containers": [{"name": "shop", "image": image, "env": [{"name": "MODE", "value": "fast"}]}]},
+    }
+
+
 def deployment(name: str, **annotations: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "annotations": annotations}, "spec": {"paused": False, "replicas": 3}}
+    return {
+        "metadata": {"name": name, "uid": "u-1", "annotations": annotations, "resourceVersion": "7"},
+        "spec": {
+            "paused": False,
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "shop"}},
+            "template": template("shop:1.5"),
+        },
+    }
+
+
+def replica_set(revision: str, image: str, owner: str = "u-1") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"shop-h{revision}",
+            "labels": {"app": "shop", "pod-template-hash": f"h{revision}"},
+            "annotations": {"deployment.kubernetes.io/revision": revision},
+            "ownerReferences": [{"kind": "Deployment", "name": "shop", "uid": owner}],
+        },
+        "spec": {"template": template(image, **{"pod-template-hash": f"h{revision}"})},
+    }
 
 
 def test_the_kubernetes_previewer_dry_runs_the_planned_write_and_stores_nothing() -> None:
     stored = {"shop": deployment("shop")}
     api, asked = api_server(stored)
-    previewer = KubernetesPreviewer(api, {"production": "apps"}, planner=plan_pause, refused=Refused)
+    previewer = KubernetesPreviewer(api, {"production": "apps"})
     shown = previewer.preview(facts())
-    assert shown == PAUSE
+    assert isinstance(shown, Change) and shown.lines() == ["paused: False → True"]
     write = asked[-1]
     assert (write.method, write.url.params.get("dryRun")) == ("PATCH", "All")
     assert write.headers["content-type"] == "application/merge-patch+json"
     assert stored["shop"]["spec"]["paused"] is False
 
 
+def test_a_rollbacks_preview_shows_the_images_and_the_template_it_writes() -> None:
+    api, asked = api_server({"shop": deployment("shop")}, [replica_set("1", "shop:1.4"), replica_set("2", "shop:1.5")])
+    params = {"toRevision": "1", "fromRevision": "2", "toImages": ["shop=shop:1.4"]}
+    shown = KubernetesPreviewer(api, {"production": "apps"}).preview(facts("RollbackDeployment", params))
+    assert isinstance(shown, Change)
+    assert (shown.before["images"], shown.after["images"]) == (["shop=shop:1.5"], ["shop=shop:1.4"])
+    assert shown.before["templateDigest"] != shown.after["templateDigest"]
+    assert shown.after["env"] == ["shop: MODE=fast"]
+    sent = json.loads(asked[-1].content)
+    assert "pod-template-hash" not in sent[0]["value"]["metadata"]["labels"]  # as kubectl rollout undo
+
+
 def test_what_the_kubernetes_previewer_cannot_show_it_says_and_never_writes() -> None:
-    api, asked = api_server({"shop": deployment("shop", forbid="irreversible migration")})
-    previewer = KubernetesPreviewer(api, {"staging": "apps"}, planner=plan_pause, refused=Refused)
+    api, asked = api_server({"shop": deployment("shop", **{"flotilla.dev/rollback-forbidden": "migration 42"})})
+    previewer = KubernetesPreviewer(api, {"staging": "apps"})
     assert "no namespace is configured for production" in str(previewer.preview(facts()))
-    previewer = KubernetesPreviewer(api, {"production": "apps"}, planner=plan_pause, refused=Refused)
-    refused = previewer.preview(facts())
-    assert isinstance(refused, NoPreview) and "would refuse this step: forbidden by annotation" in refused.reason
-    scale = previewer.preview(facts("ScaleService", {"replicas": 4}))
-    assert isinstance(scale, NoPreview) and "nothing to dry-run" in scale.reason
-    gone = KubernetesPreviewer(api_server({})[0], {"production": "apps"}, planner=plan_pause, refused=Refused)
+    previewer = KubernetesPreviewer(api, {"production": "apps"})
+    rollback = {"toRevision": "1", "fromRevision": "2"}
+    refused = previewer.preview(facts("RollbackDeployment", rollback))
+    assert isinstance(refused, NoPreview) and "would refuse this step" in refused.reason
+    assert "migration 42" in refused.reason
+    failover = previewer.preview(facts("FailoverDependency", {"dependency": "db", "toTarget": "db-2"}))
+    assert isinstance(failover, NoPreview) and "nothing to dry-run" in failover.reason
+    gone = KubernetesPreviewer(api_server({})[0], {"production": "apps"})
     assert "does not exist" in str(gone.preview(facts()))
     assert all(r.method == "GET" for r in asked)
 
 
-def test_the_kubernetes_previewer_needs_the_namespace_map_and_the_planner(tmp_path: Path) -> None:
+def test_the_kubernetes_previewer_needs_the_namespace_map(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("t\n")
     base: dict[str, Any] = {
@@ -252,11 +272,5 @@ def test_the_kubernetes_previewer_needs_the_namespace_map_and_the_planner(tmp_pa
     }
     with pytest.raises(ValueError, match="FLOTILLA_KUBERNETES_NAMESPACES"):
         preview.previewer_from_settings(PolicySettings(**base))
-    try:
-        from flotilla.actions import kubernetes  # noqa: F401  (the lead's planning module)
-    except ImportError:
-        with pytest.raises(ValueError, match="planned_write"):
-            preview.previewer_from_settings(PolicySettings(**base, kubernetes_namespaces={"production": "apps"}))
-    else:
-        built = preview.previewer_from_settings(PolicySettings(**base, kubernetes_namespaces={"production": "apps"}))
-        assert isinstance(built, KubernetesPreviewer)
+    built = preview.previewer_from_settings(PolicySettings(**base, kubernetes_namespaces={"production": "apps"}))
+    assert isinstance(built, KubernetesPreviewer)

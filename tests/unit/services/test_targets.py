@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from flotilla.actions import Change
+from flotilla.actions.kubernetes import format_bytes, parse_bytes, planned_write
 from services.executor.namespaces import NamespaceMapError
 from services.executor.settings import ExecutorSettings
 from services.executor.targets import (
@@ -36,7 +38,6 @@ from services.executor.targets import (
     TargetRejected,
     TargetUnavailable,
 )
-from services.executor.targets.quantity import format_bytes, parse_bytes
 from services.sim import create_sim_app
 
 CHECKOUT = "checkout-api"
@@ -303,6 +304,10 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _dry(request: Request) -> bool:
+    return request.query_params.get("dryRun") == "All"
+
+
 def status(code: int, reason: str, message: str) -> JSONResponse:
     body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message}
     return JSONResponse(body, status_code=code)
@@ -330,6 +335,7 @@ class FakeKubernetes:
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, str, dict[str, Any]]] = []
         self.before_patch: list[Callable[[FakeKubernetes], None]] = []
+        self.dry_runs: list[str] = []
         self.fail_with: int | None = None
         self.add(CHECKOUT, replicas=4)
         self.add("search-api", replicas=2)
@@ -438,7 +444,7 @@ class FakeKubernetes:
         @app.patch(base + "/{name}", response_model=None)
         async def patch_deployment(namespace: str, name: str, request: Request) -> dict[str, Any] | JSONResponse:
             content_type = request.headers.get("content-type", "")
-            return self._patch((namespace, name), content_type, await request.body(), scale=False)
+            return self._patch((namespace, name), content_type, await request.body(), scale=False, dry=_dry(request))
 
         @app.get("/apis/apps/v1/namespaces/{namespace}/replicasets")
         def list_replica_sets(namespace: str) -> dict[str, Any]:
@@ -465,6 +471,9 @@ class FakeKubernetes:
                     return status(409, "Conflict", "the object has been modified")
                 body.get("metadata", {}).pop("resourceVersion", None)
                 updated: dict[str, Any] = merge_patch(current, body)
+                if _dry(request):
+                    self.dry_runs.append(request.url.path)
+                    return copy.deepcopy(updated)
                 updated["metadata"]["resourceVersion"] = self._next()
                 self.objects[request.url.path] = updated
                 return copy.deepcopy(updated)
@@ -472,13 +481,27 @@ class FakeKubernetes:
         @app.patch(base + "/{name}/scale", response_model=None)
         async def patch_scale(namespace: str, name: str, request: Request) -> dict[str, Any] | JSONResponse:
             content_type = request.headers.get("content-type", "")
-            return self._patch((namespace, name), content_type, await request.body(), scale=True)
+            return self._patch((namespace, name), content_type, await request.body(), scale=True, dry=_dry(request))
 
         return app
 
     def _patch(
-        self, where: tuple[str, str], content_type: str, raw: bytes, *, scale: bool
+        self, where: tuple[str, str], content_type: str, raw: bytes, *, scale: bool, dry: bool = False
     ) -> dict[str, Any] | JSONResponse:
+        """A PATCH; ``dry`` (``?dryRun=All``): the answer a write would give, nothing
+        stored, logged in ``dry_runs`` (not ``patches``), no ``before_patch`` run."""
+        if dry:
+            with self.lock:
+                saved, version = copy.deepcopy(self.deployments), self.version
+            try:
+                self.dry_runs.append("/".join(where) + ("/scale" if scale else ""))
+                before, patches = list(self.before_patch), list(self.patches)
+                self.before_patch.clear()
+                return self._patch(where, content_type, raw, scale=scale)
+            finally:
+                with self.lock:
+                    self.deployments, self.version = saved, version
+                    self.before_patch[:], self.patches[:] = before, patches
         if content_type not in ("application/merge-patch+json", "application/json-patch+json") or (
             scale and content_type != "application/merge-patch+json"
         ):
@@ -780,7 +803,7 @@ def test_kubernetes_restart_is_one_write(kube: KubernetesTarget, cluster: FakeKu
     [
         ("rollback", {"toRevision": "1"}, "must name the revision it rolls back from"),
         ("rollback", {"toRevision": "v1", "fromRevision": "2"}, "revision number"),
-        ("pause", {"paused": "yes"}, "pause takes"),
+        ("pause", {"paused": "yes"}, "paused must be boolean"),
         ("raise-ceiling", {"autoscalerKind": "Vpa", "autoscaler": "x", "fromMaxReplicas": 2, "maxReplicas": 3}, "Vpa"),
         ("raise-memory", {"container": "app", "fromMemoryLimitBytes": 10, "memoryLimitBytes": 21}, "twice"),
         ("failover", {"dependency": "payments-api", "toTarget": "payments-api-secondary"}, "failover"),
@@ -1014,3 +1037,102 @@ def test_memory_quantities_are_read_and_written_as_kubernetes_does(text: str, co
 def test_what_is_no_memory_quantity_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_bytes(text)
+
+
+# -- the approved change, dry-run again before the write ----------------------------------
+
+
+def previewed(kube_url: str, cluster: FakeKubernetes, action: str, params: dict[str, Any]) -> Change:
+    """What the policy service shows a person: the shared planning of the write, sent with
+    dryRun=All (as services/policy/preview_kubernetes.py does), nothing stored."""
+    deployment = copy.deepcopy(cluster.deployment())
+    with httpx.Client(base_url=kube_url, headers={"Authorization": f"Bearer {BEARER}"}) as api:
+
+        def read(path: str, **query: str) -> dict[str, Any] | None:
+            answer = api.get(path, params=query or None)
+            return None if answer.status_code == 404 else dict(answer.json())
+
+        write = planned_write(action, params, namespace=PRODUCTION, deployment=deployment, read=read)
+        assert write is not None
+        answer = api.patch(
+            write.path,
+            params={"dryRun": "All"},
+            content=json.dumps(write.body),
+            headers={"Content-Type": write.content_type},
+        )
+        return write.change(answer.json())
+
+
+ROLLBACK = {"toRevision": "1", "fromRevision": "2", "toImages": [f"app={CHECKOUT}:1"]}
+MEMORY = {"container": "app", "fromMemoryLimitBytes": 256 * 2**20, "memoryLimitBytes": 384 * 2**20}
+
+
+@pytest.mark.parametrize(
+    ("action", "params"),
+    [
+        ("rollback", ROLLBACK),
+        ("raise-memory", MEMORY),
+        ("restart", {"rolling": True}),
+        ("pause", {"paused": True}),
+        ("scale", {"replicas": 6}),
+    ],
+)
+def test_a_step_whose_dry_run_is_the_approved_change_is_applied(
+    kube: KubernetesTarget, kube_url: str, cluster: FakeKubernetes, action: str, params: dict[str, Any]
+) -> None:
+    cluster.release()
+    approved = previewed(kube_url, cluster, action, params)
+    assert cluster.patches == [] and cluster.dry_runs  # the preview stored nothing
+    if action == "restart":
+        time.sleep(1.1)  # a restart time a second later: the same change all the same
+    result = kube.apply(action, PROD_CHECKOUT, params, f"incident-5:{action}", 2, "a", expected_change=approved.digest)
+    assert not result.replayed and len(cluster.dry_runs) == 2
+    assert cluster.patches  # written for real after the check
+
+
+def test_a_deployment_changed_since_the_approval_is_refused_with_what_differs(
+    kube: KubernetesTarget, kube_url: str, cluster: FakeKubernetes
+) -> None:
+    cluster.release()
+    approved = previewed(kube_url, cluster, "raise-memory", MEMORY)
+    assert approved.lines()[0] == "memoryLimits: app=256Mi → app=384Mi"
+    assert approved.lines()[1].startswith("templateDigest: sha256:")
+    # someone adds an env var (a new release) after the person approved
+    added = {"name": "app", "image": f"{CHECKOUT}:2", "resources": {"limits": {"memory": "256Mi"}}}
+    cluster.write(
+        CHECKOUT,
+        {"spec": {"template": {"spec": {"containers": [{**added, "env": [{"name": "DEBUG", "value": "1"}]}]}}}},
+    )
+    before = copy.deepcopy(cluster.deployment())
+    with pytest.raises(TargetRejected, match="the change differs from what was approved") as refused:
+        kube.apply("raise-memory", PROD_CHECKOUT, MEMORY, "incident-5:memory", 2, "a", expected_change=approved.digest)
+    assert "DEBUG=1" in str(refused.value) and "memoryLimits: app=256Mi → app=384Mi" in str(refused.value)
+    assert not refused.value.retryable
+    assert cluster.deployment() == before and cluster.patches == []
+
+
+def test_a_raise_ceiling_checks_the_autoscalers_dry_run_before_it_claims(
+    kube: KubernetesTarget, kube_url: str, cluster: FakeKubernetes
+) -> None:
+    cluster.autoscaler(HPA, {"scaleTargetRef": {"kind": "Deployment", "name": CHECKOUT}, "maxReplicas": 4})
+    params = {
+        "autoscalerKind": "HorizontalPodAutoscaler",
+        "autoscaler": CHECKOUT,
+        "fromMaxReplicas": 4,
+        "maxReplicas": 6,
+    }
+    approved = previewed(kube_url, cluster, "raise-ceiling", params)
+    assert approved.lines() == ["maxReplicas: 4 → 6"]
+    with pytest.raises(TargetRejected, match="differs"):
+        kube.apply(
+            "raise-ceiling", PROD_CHECKOUT, {**params, "maxReplicas": 7}, "k7", 2, "a", expected_change=approved.digest
+        )
+    assert cluster.patches == [] and cluster.objects[HPA]["spec"]["maxReplicas"] == 4  # not even the claim
+    kube.apply("raise-ceiling", PROD_CHECKOUT, params, "k6", 2, "a", expected_change=approved.digest)
+    assert cluster.objects[HPA]["spec"]["maxReplicas"] == 6
+
+
+def test_the_sim_refuses_a_change_it_cannot_check(sim: SimTarget, sim_url: str) -> None:
+    with pytest.raises(TargetRejected, match="the sim cannot dry-run, so it cannot check the approved change"):
+        sim.apply("scale", "checkout-api", {"replicas": 6}, "k-sim", 1, "a", expected_change="sha256:00")
+    assert sim.lookup("k-sim") is None
