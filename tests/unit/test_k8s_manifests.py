@@ -1354,8 +1354,10 @@ def _assert_read_only(objects: tuple[dict[str, Any], ...], readers: list[dict[st
 def _assert_policy_reads_replicas_only(
     objects: tuple[dict[str, Any], ...], counters: list[dict[str, Any]], served: Any
 ) -> None:
-    """The policy service's Role (services/policy/inventory.py, KubernetesInventory): the 2x
-    rule's count from the Deployment the executor scales, `get` in each namespace it serves."""
+    """The policy service's Role: the 2x rule's count from the Deployment the executor
+    scales (services/policy/inventory.py), and what its dry runs of the executor's writes
+    need (services/policy/preview_kubernetes.py), in each namespace it serves; that those
+    patches are only ever dry runs is the admission policy's (test below)."""
     policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
     assert policy["FLOTILLA_POLICY_INVENTORY"] == "kubernetes"
     assert json.loads(policy["FLOTILLA_KUBERNETES_NAMESPACES"]) == dict(served)
@@ -1364,8 +1366,44 @@ def _assert_policy_reads_replicas_only(
     for namespace in served.values():
         (role,) = [r for r in counters if r["kind"] == "Role" and r["metadata"]["namespace"] == namespace]
         (binding,) = [b for b in counters if b["kind"] == "RoleBinding" and b["metadata"]["namespace"] == namespace]
-        assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]}], ident(role)
+        rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
+        assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
+        assert rules == {
+            ("apps", "deployments", ("get", "patch")),
+            ("apps", "deployments/scale", ("patch",)),
+            ("apps", "replicasets", ("list",)),
+            ("autoscaling", "horizontalpodautoscalers", ("get", "patch")),
+            ("keda.sh", "scaledobjects", ("get", "patch")),
+        }, ident(role)
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "policy-service", "namespace": fleet_namespace}
         ]
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_the_policy_services_writes_are_dry_runs_only(overlay: str, objects: tuple[dict[str, Any], ...]) -> None:
+    """Production: a ValidatingAdmissionPolicy, bound to deny, matches every write of the
+    policy service's ServiceAccount (any resource, any namespace) and allows only a dry
+    run; cluster-scoped, so no namespace. Dev has no Kubernetes API calls to guard."""
+    policies = of_kind(objects, "ValidatingAdmissionPolicy")
+    bindings = of_kind(objects, "ValidatingAdmissionPolicyBinding")
+    if overlay == "dev":
+        assert policies == [] and bindings == []
+        return
+    (policy,), (binding,) = policies, bindings
+    assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
+    fleet_namespace = named(objects, "Deployment", "policy-service")["metadata"]["namespace"]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["*"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["*", "*/*"],
+        }
+    ]
+    user = f"system:serviceaccount:{fleet_namespace}:policy-service"
+    assert [c["expression"] for c in spec["matchConditions"]] == [f"request.userInfo.username == '{user}'"]
+    assert [v["expression"] for v in spec["validations"]] == ["request.dryRun == true"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
