@@ -66,7 +66,8 @@ class Step:
 
 
 class KubernetesTarget:
-    """Act on a Deployment through the Kubernetes API: :data:`HANDLERS` lists the actions.
+    """Act on a Deployment through the Kubernetes API: :data:`WRITES` lists the actions,
+    :func:`flotilla.actions.kubernetes.planned_write` plans each (its checks and its patch).
 
     Idempotency and fencing live on the Deployment itself, in annotations, so they hold
     whichever executor process acts:
