@@ -1360,6 +1360,7 @@ def _assert_policy_reads_replicas_only(
     patches are only ever dry runs is the admission policy's (test below)."""
     policy = configmap_data(objects, _configmap_of(objects, "policy-service"))
     assert policy["FLOTILLA_POLICY_INVENTORY"] == "kubernetes"
+    assert policy["FLOTILLA_POLICY_PREVIEW"] == "kubernetes"
     assert json.loads(policy["FLOTILLA_KUBERNETES_NAMESPACES"]) == dict(served)
     fleet_namespace = named(objects, "Deployment", "policy-service")["metadata"]["namespace"]
     assert sorted(c["metadata"]["namespace"] for c in counters if c["kind"] == "Role") == sorted(served.values())
