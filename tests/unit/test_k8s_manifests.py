@@ -1306,8 +1306,7 @@ def test_only_the_production_executor_and_diagnostic_agent_talk_to_the_kubernete
     for namespace in served.values():
         (role,) = [r for r in roles if r["metadata"]["namespace"] == namespace]
         (binding,) = [b for b in bindings if b["metadata"]["namespace"] == namespace]
-        rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
-        assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
+        rules = _rules(role)
         # What KubernetesTarget calls (test_targets.py checks the calls against this Role):
         # read and patch (claim, record, restart, pause, rollback, raise-memory) a Deployment,
         # list them (lookup), patch the scale subresource (never read), list ReplicaSets
@@ -1328,6 +1327,12 @@ def test_only_the_production_executor_and_diagnostic_agent_talk_to_the_kubernete
             "kind": "Role",
             "name": role["metadata"]["name"],
         }
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, tuple[str, ...]]]:
+    """A Role's rules as (group, resource, verbs), each rule of one group and one resource."""
+    assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
+    return {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
 
 
 def _assert_read_only(objects: tuple[dict[str, Any], ...], readers: list[dict[str, Any]], served: Any) -> None:
@@ -1367,8 +1372,7 @@ def _assert_policy_reads_replicas_only(
     for namespace in served.values():
         (role,) = [r for r in counters if r["kind"] == "Role" and r["metadata"]["namespace"] == namespace]
         (binding,) = [b for b in counters if b["kind"] == "RoleBinding" and b["metadata"]["namespace"] == namespace]
-        rules = {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]}
-        assert all(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1 for r in role["rules"]), ident(role)
+        rules = _rules(role)
         assert rules == {
             ("apps", "deployments", ("get", "patch")),
             ("apps", "deployments/scale", ("patch",)),
