@@ -14,7 +14,9 @@
   with the alert senders' token) reaches the diagnostic agent, which consumes it.
 
 The cluster is shared: this module starts it only when it is not running and never
-stops it; the fleet is left deployed (``fleetdeploy.py down`` removes it). Run it alone
+stops it, and deploys the workload (infra/k8s/cluster/workload: the estate whose
+Prometheus the agents read) only when it is not there; the fleet is left deployed
+(``fleetdeploy.py down`` removes it). Run it alone
 (``tests/cluster/test_base.py`` restarts the cluster) under /tmp/flotilla-cluster.lock.
 """
 
@@ -25,6 +27,7 @@ import re
 import ssl
 import subprocess
 import time
+import urllib.error
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -40,6 +43,7 @@ from tests.support import netpol
 from tests.support.scripts import load_script
 
 fleetdeploy = load_script("flotilla_fleetdeploy", REPO_ROOT / "infra" / "k8s" / "cluster" / "fleetdeploy.py")
+workload = load_script("flotilla_workload", REPO_ROOT / "infra" / "k8s" / "cluster" / "workload" / "workload.py")
 
 NS = "flotilla"
 MEMBERS = (*AGENTS, CONSOLE)  # the sim is the dev overlay's
@@ -55,6 +59,15 @@ def fleet() -> Iterator[Cluster]:
     paths = clusterctl.PATHS
     if clusterctl.pid_of("kubelet", paths) is None:
         clusterctl.up(paths)
+    # The estate the health agent watches: it is Ready only once it reads a latency from
+    # the workload's Prometheus (its /readyz). Deployed here only when it is not there.
+    try:
+        cluster_api = clusterctl.api(f"/api/v1/namespaces/{workload.MONITORING_NAMESPACE}", paths)
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404, exc
+        cluster_api = None
+    if cluster_api is None:
+        print(f"\n[fleet] the workload, for the agents' Prometheus: {json.dumps(workload.deploy(paths))}")
     took = fleetdeploy.up()
     print(f"\n[fleet] up (seconds): {json.dumps(took)}")
     cluster = Cluster(paths, {}, [], took)

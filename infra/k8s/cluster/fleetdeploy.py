@@ -8,6 +8,7 @@ wait until it runs::
     python infra/k8s/cluster/fleetdeploy.py images   # build (if needed), save, import
     python infra/k8s/cluster/fleetdeploy.py up       # images, Secrets, apply, wait; times
     python infra/k8s/cluster/fleetdeploy.py status   # the fleet's pods and Jobs
+    python infra/k8s/cluster/fleetdeploy.py usage    # CPU and memory, by namespace
     python infra/k8s/cluster/fleetdeploy.py down     # delete the namespaces it made
 
 The images are the ones docker compose runs, built on the Docker engine compose uses
@@ -26,9 +27,12 @@ secrets`` (0700) and kept there, so a second ``up`` reuses the same keys and pas
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
+import importlib.util
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -46,6 +50,16 @@ for folder in (HERE, HERE.parent, REPO_ROOT / "infra" / "compose"):  # scripts, 
 
 import clusterctl  # noqa: E402
 import engine  # noqa: E402
+
+
+def _workload() -> Any:
+    """workload.py (item 3's shop and monitoring), by path: its folder is named like it."""
+    spec = importlib.util.spec_from_file_location("flotilla_cluster_workload", HERE / "workload" / "workload.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 OVERLAY = REPO_ROOT / "infra" / "k8s" / "overlays" / "cluster"
 HOME = clusterctl.HOME / "fleet"
@@ -288,7 +302,9 @@ def secret_manifests() -> list[dict[str, Any]]:
             "kind": "Secret",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "flotilla"}},
             "type": "Opaque",
-            "stringData": data,
+            # data, not stringData: apply compares it with what is stored, so an unchanged
+            # Secret stays unchanged (stringData is never stored, and always differs)
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
         }
 
     made = [
@@ -301,7 +317,12 @@ def secret_manifests() -> list[dict[str, Any]]:
             {"users.json": json.dumps({f"sha256:{_digest(approver)}": {"user": "alice", "roles": ["approver"]}})},
         ),
         secret("flotilla-operators", {"tokens.json": json.dumps([_digest(operator)])}),
-        secret("flotilla-alert-senders", {"tokens.json": json.dumps([_digest(alerts)])}),
+        # who may deliver alerts: the tests, and the workload's Alertmanager (its token is
+        # made once by workload.py, whichever of the two runs first)
+        secret(
+            "flotilla-alert-senders",
+            {"tokens.json": json.dumps([_digest(alerts), _digest(_workload().alertmanager_token(clusterctl.PATHS))])},
+        ),
     ]
     made += [
         secret(f"flotilla-{key}-signing-key", {"signing-key.pem": (folder / key / "signing-key.pem").read_text()})
@@ -442,13 +463,19 @@ def up(timeout: float = 900) -> dict[str, Any]:
     took: dict[str, Any] = {"images": time.monotonic() - began}
     mark = time.monotonic()
     kubectl("apply", "-f", str(OVERLAY / "namespace.yaml"))
-    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(secret_manifests()))
+    applied = kubectl("apply", "-f", "-", input=yaml.safe_dump_all(secret_manifests()))
+    # The pods read their Secrets at start (docs/operations/kubernetes.md): a changed one
+    # takes a restart, as a person rotating a key does it.
+    changed = [line.split()[0] for line in applied.splitlines() if line.endswith(" configured")]
     took["secrets"] = time.monotonic() - mark
+    took["secrets changed"] = changed
     mark = time.monotonic()
     folder = kustomization(tags)
     objects = rendered(folder)
     took["jobs replaced"] = replace_changed_jobs(objects)
     kubectl("apply", "-k", str(folder), timeout=300)
+    if changed:
+        kubectl("rollout", "restart", "deployment", "-n", NAMESPACE, "-l", "app.kubernetes.io/part-of=flotilla")
     took["apply"] = time.monotonic() - mark
     took["ready"] = wait([o for o in objects if o["kind"] in ("Deployment", "Job")], timeout)
     took["total"] = time.monotonic() - began
@@ -466,6 +493,39 @@ def down(timeout: float = 180) -> float:
     return time.monotonic() - began
 
 
+def _pod_uid(pid: int) -> str | None:
+    """The uid of the pod a process runs in (its cgroup path names ``pod<uid>``), if any."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    match = re.search(r"/pod([0-9a-f-]{36})(/|$)", text)
+    return match.group(1) if match else None
+
+
+def usage(seconds: float = 60) -> dict[str, Any]:
+    """CPU (% of one core) and memory (PSS, MiB) of every process of the cluster over
+    ``seconds``, as clusterctl.usage measures them, and split by the namespace of the pod
+    each runs in (the node's own daemons and shims as `node`): what the fleet adds."""
+    pods = clusterctl.api("/api/v1/pods")["items"]
+    namespace_of = {p["metadata"]["uid"]: p["metadata"]["namespace"] for p in pods}
+    pids = clusterctl.node_processes() | {p for p in clusterctl.status().values() if p is not None}
+    before = {pid: clusterctl._ticks(pid) for pid in pids}
+    time.sleep(seconds)
+    hertz = os.sysconf("SC_CLK_TCK")
+    split: dict[str, dict[str, float]] = {}
+    for pid, ticks in before.items():
+        uid = _pod_uid(pid)
+        where = "node" if uid is None else namespace_of.get(uid, "(gone)")
+        entry = split.setdefault(where, {"processes": 0, "cpu_percent_of_a_core": 0.0, "memory_pss_mib": 0.0})
+        entry["processes"] += 1
+        entry["cpu_percent_of_a_core"] += max(clusterctl._ticks(pid) - ticks, 0) / hertz / seconds * 100
+        entry["memory_pss_mib"] += clusterctl._pss_kib(pid) / 1024
+    total = {k: sum(e[k] for e in split.values()) for k in ("processes", "cpu_percent_of_a_core", "memory_pss_mib")}
+    rounded = {where: {k: round(v, 1) for k, v in e.items()} for where, e in sorted({**split, "total": total}.items())}
+    return {"seconds": seconds, **rounded}
+
+
 def status() -> str:
     return kubectl("get", "pods,jobs", "-n", NAMESPACE, "-o", "wide")
 
@@ -477,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     start = sub.add_parser("up", help="images, Secrets, apply the overlay, wait for every pod and Job")
     start.add_argument("--timeout", type=float, default=900)
     sub.add_parser("status", help="the fleet's pods and Jobs")
+    measure = sub.add_parser("usage", help="CPU and memory of the cluster, split by namespace")
+    measure.add_argument("--seconds", type=float, default=60)
     sub.add_parser("down", help="delete the fleet's namespaces")
     args = parser.parse_args(argv)
     try:
@@ -485,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[fleet] images (seconds per step; 0 = cached): {json.dumps(took)}")
         elif args.action == "up":
             print(f"[fleet] up (seconds): {json.dumps(up(args.timeout))}")
+        elif args.action == "usage":
+            print(f"[fleet] usage: {json.dumps(usage(args.seconds))}")
         elif args.action == "status":
             print(status(), end="")
         else:
