@@ -92,6 +92,21 @@ def _above(cluster: Cluster, promql: str, limit: float) -> float | None:
     return value if value is not None and value > limit else None
 
 
+def _under(cluster: Cluster, promql: str, limit: float) -> float | None:
+    """The query's value when it is under ``limit``."""
+    value = _value(cluster, promql)
+    return value if value is not None and value < limit else None
+
+
+def _settled(cluster: Cluster, service: str) -> float | None:
+    """The service's p95 when it is under its objective and no latency alert about it is
+    pending or firing: the shop healthy before a fault, so what follows is the fault's (on a
+    busy machine a startup can breach for a while)."""
+    value = _value(cluster, _p95(service))
+    alerts = _query(cluster, f'ALERTS{{alertname="ServiceLatencyHigh", service_name="{service}"}}')
+    return value if value is not None and value < THRESHOLD and not alerts else None
+
+
 def _p95(service: str, window: str = "1m") -> str:
     return (
         "histogram_quantile(0.95, sum by (le, service_name, deployment_environment_name) "
@@ -166,11 +181,10 @@ def test_prometheus_has_the_semconv_histograms_and_kube_state_metrics(shop: Clus
     assert _value(shop, 'slo_latency_p95_threshold_seconds{service_name="storefront"}') == THRESHOLD
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_a_slow_release_raises_p95_and_the_latency_alert_fires(reset: Cluster) -> None:
     shop = reset
-    baseline = shop.wait("storefront's p95", lambda: _value(shop, _p95("storefront")), 60)
-    assert baseline < THRESHOLD, f"storefront's p95 is {baseline:.3f}s before any fault"
+    baseline = shop.wait("storefront healthy, no latency alert", lambda: _settled(shop, "storefront"), 120)
     began = time.time()
     faults.bad_rollout("storefront", "v2-slow", shop.paths)
     shop.wait(
@@ -188,6 +202,13 @@ def test_a_slow_release_raises_p95_and_the_latency_alert_fires(reset: Cluster) -
     assert alert["labels"]["deployment_environment_name"] == "cluster"
     assert alert["labels"]["severity"] == "page" and alert["labels"]["signal"] == "latency"
     print(f"[workload] ServiceLatencyHigh active {time.time() - began:.0f}s after the rollout began")
+    # Routed to the health agent's webhook (delivered once the fleet runs in the cluster;
+    # failed, and counted so, without it).
+    shop.wait(
+        "a notification to the health agent's webhook",
+        lambda: _above(shop, 'sum(alertmanager_notifications_total{integration="webhook"})', 0),
+        30,
+    )
     history = shop.kubectl("rollout", "history", "-n", "shop", "deployment/storefront")
     assert "release v2-slow of storefront" in history, history
 
@@ -284,3 +305,42 @@ def test_a_dependency_scaled_to_zero_fails_its_callers(reset: Cluster) -> None:
         ),
         30,
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_dependency_shows_in_its_callers_client_histogram(reset: Cluster) -> None:
+    shop = reset
+    # FLOTILLA_PROMQL_DEPENDENCY_P95's shape: the p95 each caller sees per server_address.
+    dependency_p95 = (
+        "histogram_quantile(0.95, sum by (le, service_name, server_address) (rate("
+        'http_client_request_duration_seconds_bucket{service_name="checkout",'
+        ' server_address="payments.shop.svc"}[30s])))'
+    )
+    shop.wait("checkout's p95 to payments under 0.25s first", lambda: _under(shop, dependency_p95, THRESHOLD), 60)
+    faults.slow_dependency("payments", 500, shop.paths)
+    seen = shop.wait("checkout's p95 to payments over 0.25s", lambda: _above(shop, dependency_p95, THRESHOLD), 60)
+    assert seen < 5, seen  # late, not timing out
+
+
+@pytest.mark.timeout(200)
+def test_load_beyond_capacity_raises_p95_and_scaling_out_restores_it(reset: Cluster) -> None:
+    shop = reset
+    shop.wait(
+        "storefront's p95 under its objective first", lambda: _under(shop, _p95("storefront", "20s"), THRESHOLD), 60
+    )
+    faults.overload(150, shop.paths)  # one storefront serves 100/s
+    shop.wait("storefront's p95 over its objective", lambda: _above(shop, _p95("storefront", "20s"), THRESHOLD), 60)
+    began = time.monotonic()
+    shop.kubectl("scale", "-n", "shop", "deployment/storefront", "--replicas=3")
+    shop.wait(
+        "kube-state-metrics: 3 storefront replicas available",
+        lambda: (
+            _value(shop, 'kube_deployment_status_replicas_available{namespace="shop", deployment="storefront"}') == 3
+        ),
+        60,
+    )
+
+    after = shop.wait(
+        "storefront's p95 back under its objective", lambda: _under(shop, _p95("storefront", "20s"), THRESHOLD), 100
+    )
+    print(f"\n[workload] overload: p95 {after * 1000:.0f} ms {time.monotonic() - began:.0f}s after scaling to 3")
