@@ -68,12 +68,15 @@ def from_epoch_ms(ms: int) -> datetime:
 
 def command_record(stored: Mapping[str, Any]) -> dict[str, Any]:
     """A stored (canonical) step back as the command record to issue: the same fields,
-    timestamps as datetimes again. Its digest is the stored step's digest."""
+    timestamps as datetimes again. Its digest is the stored step's digest (for a step
+    stored before a field of its kind existed: once the field's default is left out)."""
     record = dict(stored)
     for name in TIMESTAMP_FIELDS:
         record[name] = from_epoch_ms(int(record[name]))
     record["target"] = dict(record["target"])
-    return record
+    # A step stored before a field of its kind existed gets the field's default, as Avro
+    # will decode it at the executor, so the signature covers what the executor reads.
+    return {**record, **actions.by_kind(command_kind(record)).params_of(record)}
 
 
 def describe(step: Mapping[str, Any]) -> str:

@@ -176,3 +176,14 @@ def test_the_cedar_schema_declares_every_kind_as_its_spec_says() -> None:
 
     current = (ROOT / "infra" / "policies" / "flotilla.cedarschema").read_text()
     assert render(current) == current
+
+
+def test_a_step_stored_before_a_kind_gained_fields_is_issued_with_their_defaults() -> None:
+    """The executor decodes the issued command with Avro's defaults, and the authorization
+    signs the decoded form: the policy issues the same."""
+    from services.policy.commands import command_record
+
+    stored = _step(actions.by_action("rollback"), toRevision="v40")
+    issued = command_record(stored)
+    assert issued["fromRevision"] is None and issued["toImages"] == [] and issued["toRevision"] == "v40"
+    assert command_record(_step(actions.by_action("scale"), replicas=3))["replicas"] == 3

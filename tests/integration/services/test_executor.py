@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from flotilla import actions
 from flotilla.authority import Signer
 from flotilla.bootstrap import ensure_database
 from flotilla.consumer import ConsumerLoop, migrate
@@ -244,12 +245,15 @@ def command(
     **params: Any,
 ) -> dict[str, Any]:
     now = datetime.now(UTC).replace(microsecond=0)
+    spec = actions.by_kind(kind)
     return {
         "commandId": str(uuid.uuid4()),
         "idempotencyKey": key,
         "incidentId": incident,
         "proposalId": proposal or str(uuid.uuid4()),
         "target": {"kind": "service", "environment": "production", "name": name},
+        # every field of the kind, as Avro decodes it: the authorization signs the decoded form
+        **{p.name: p.default for p in spec.params if p.has_default},
         **params,
         "issuedAt": now,
         "expiresAt": now + expires_in,
