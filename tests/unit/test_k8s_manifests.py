@@ -1405,7 +1405,7 @@ def test_the_policy_services_writes_are_dry_runs_only(overlay: str, objects: tup
             "apiGroups": ["*"],
             "apiVersions": ["*"],
             "operations": ["CREATE", "UPDATE", "DELETE"],
-            "resources": ["*", "*/*"],
+            "resources": ["*/*"],
         }
     ]
     user = f"system:serviceaccount:{fleet_namespace}:policy-service"

@@ -72,7 +72,12 @@ ENV_ENTRIES = 40
 
 class Refused(Exception):
     """The target would refuse this step (and why): bad params, or the cluster is not as
-    the plan says."""
+    the plan says. ``status``: the API server's answer it rests on, e.g. 404 for an
+    object that is not there."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Read(Protocol):
@@ -571,7 +576,7 @@ def _raise_ceiling(at: _Read, params: Mapping[str, Any]) -> PlannedWrite:
     url = kind.url(at.namespace, params["autoscaler"])
     scaler = at.read(url)
     if scaler is None:
-        raise Refused(f"{label} does not exist")
+        raise Refused(f"{label} does not exist", 404)
     spec = scaler.get("spec") or {}
     ref = spec.get("scaleTargetRef") or {}
     ref_kind = ref.get("kind", kind.default_target_kind)

@@ -206,7 +206,7 @@ class KubernetesTarget:
             try:
                 write = planned_write(action, params, namespace=place.namespace, deployment=deployment, read=self._read)
             except Refused as exc:
-                raise TargetRejected(str(exc)) from None
+                raise TargetRejected(str(exc), exc.status) from None
             if write is None:  # not reached: WRITES are the actions with a write
                 raise TargetRejected(f"{action} makes no write on Kubernetes")
             try:
