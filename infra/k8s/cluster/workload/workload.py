@@ -108,6 +108,9 @@ def build_shop(paths: Any, log: Path) -> None:
         clusterctl._go(["build", "-trimpath", "-ldflags=-s -w", "-o", str(out / "loadgen"), "./loadgen"], src, log)
 
     clusterctl._build_into(shop_bin(paths), build)
+    for stale in shop_bin(paths).parent.glob("workload-*"):  # earlier sources' binaries
+        if stale != shop_bin(paths) and not stale.name.endswith(".partial"):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def build_ksm(paths: Any, log: Path) -> None:

@@ -21,9 +21,12 @@ func main() {
 	if target == "" || err != nil || rate <= 0 {
 		log.Fatal("set TARGET_URL and RATE (requests per second, > 0)")
 	}
+	// A connection per request, as many customers make: kube-proxy balances connections,
+	// so kept-alive ones would stay on the pods that existed when they opened, and a
+	// storefront scaled out under load would get none of it.
 	client := &http.Client{
 		Timeout:   10 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0},
+		Transport: &http.Transport{DisableKeepAlives: true},
 	}
 	var ok, failed, errored, inflight atomic.Int64
 	go func() {
