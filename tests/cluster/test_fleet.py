@@ -154,14 +154,19 @@ def test_every_fleet_pod_is_ready_and_the_provisioning_job_complete(fleet: Clust
         assert f"{member.database}: outbox table and connector" in log, log[-2000:]
 
 
-def test_the_cluster_overlay_grants_exactly_production_s_roles(fleet: Cluster) -> None:
+def test_the_cluster_overlay_grants_exactly_production_s_roles_and_admission_policy(fleet: Cluster) -> None:
+    def key(o: dict[str, Any]) -> str:
+        # kustomize gives the cluster-scoped admission policy a namespace here, which the API
+        # server drops: those are compared by name
+        namespace = o["metadata"].get("namespace") if o["kind"] in RBAC_KINDS else ""
+        return f"{o['kind']}/{namespace}/{o['metadata']['name']}"
+
     def rbac(overlay: str) -> dict[str, Any]:
         out = fleet.kubectl("kustomize", str(REPO_ROOT / "infra" / "k8s" / "overlays" / overlay))
         return {
-            f"{o['kind']}/{o['metadata']['namespace']}/{o['metadata']['name']}": o.get("rules")
-            or [o["roleRef"], o["subjects"]]
+            key(o): o.get("rules") or o.get("spec") or [o["roleRef"], o["subjects"]]
             for o in yaml.safe_load_all(out)
-            if o and o["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+            if o and (o["kind"] in RBAC_KINDS or o["kind"].startswith("ValidatingAdmissionPolicy"))
         }
 
     assert rbac("cluster") == rbac("production")
@@ -384,4 +389,23 @@ def test_the_policies_as_stored_allow_what_the_running_fleet_does(fleet: Cluster
     assert not netpol.connects(policies, pod("kube-system", "k8s-app", "kube-dns"), kafka, 9092)
 
 
+RBAC_KINDS = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 API_MEMBERS = ("policy-service", "executor", "audit", "dlq-reconciler")  # what the console calls
+
+
+def test_the_policy_service_s_own_token_may_only_dry_run_a_write(fleet: Cluster) -> None:
+    """Production's admission policy, enforced by this API server: the policy service's
+    token previews a scale of the canary (dryRun=All) and is refused the same write made."""
+    token = _token_of(fleet, "policy-service")
+    context = ssl.create_default_context(cafile=str(fleet.paths.controlplane.ca))
+    path = "/apis/apps/v1/namespaces/apps/deployments/canary/scale"
+    patch = {"spec": {"replicas": 3}}
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"}
+    with httpx.Client(base_url=f"https://127.0.0.1:{clusterctl.API_PORT}", verify=context, timeout=15) as api:
+        previewed = api.patch(path, params={"dryRun": "All"}, json=patch, headers=headers)
+        assert previewed.status_code == 200, previewed.text
+        assert previewed.json()["spec"]["replicas"] == 3
+        made = api.patch(path, json=patch, headers=headers)
+        assert made.status_code == 403, made.text
+        assert "may only dry-run a write" in made.text
+    assert fleet.api("/apis/apps/v1/namespaces/apps/deployments/canary")["spec"]["replicas"] == 1

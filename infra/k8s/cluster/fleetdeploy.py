@@ -485,9 +485,15 @@ def up(timeout: float = 900) -> dict[str, Any]:
     return took
 
 
+CLUSTER_SCOPED = ("validatingadmissionpolicy", "validatingadmissionpolicybinding")  # the overlay's, by name
+
+
 def down(timeout: float = 180) -> float:
-    """Delete the overlay's namespaces (and with them everything of the fleet); seconds."""
+    """Delete the overlay's namespaces (and with them everything of the fleet) and its
+    cluster-scoped objects (the policy service's admission policy); seconds."""
     began = time.monotonic()
+    for kind in CLUSTER_SCOPED:
+        kubectl("delete", kind, "flotilla-policy-service-dry-run-only", "--ignore-not-found")
     kubectl("delete", "namespace", *NAMESPACES, "--ignore-not-found", "--wait=true", f"--timeout={timeout:.0f}s",
             timeout=timeout + 30)  # fmt: skip
     return time.monotonic() - began
