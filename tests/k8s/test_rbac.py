@@ -5,17 +5,21 @@ The executor's ServiceAccount may do exactly what ``KubernetesTarget`` calls
 Deployments, their ReplicaSets (listed, for a rollback) and the autoscalers whose ceiling
 it raises (an HPA, a KEDA ScaledObject); and gets 403 on everything else; the diagnostic agent's may read exactly what
 ``KubernetesEvidence`` reads (diagnostic-rbac.yaml), and write nothing; the policy
-service's may get a Deployment (policy-rbac.yaml: the 2x rule's replica count), nothing
-else. They are the three members whose pods mount a token. Every other member's ServiceAccount may do nothing at
+service's may get a Deployment (policy-rbac.yaml: the 2x rule's replica count) and read and
+dry-run what a preview of the executor's write needs, and a real write of it is denied by
+the admission policy (policy-dry-run-only.yaml), which leaves the executor's writes alone.
+They are the three members whose pods mount a token. Every other member's ServiceAccount may do nothing at
 all with the API: a token requested for it (as anyone who can create pods under it
 could) reads and writes nothing.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from .conftest import FLEET_NAMESPACE, MERGE, TARGET_NAMESPACE, Cluster, apps, deployment
@@ -185,10 +189,78 @@ def test_the_diagnostic_agent_reads_deployments_and_writes_nothing(production: C
     assert denied == {what: 403 for what, *_ in writes}
 
 
-def test_the_policy_service_gets_a_deployment_and_nothing_else(production: Cluster) -> None:
-    """KubernetesInventory's one call: GET a Deployment in a served namespace."""
+# Every call of the policy service: KubernetesInventory's get (the 2x rule's count) and
+# KubernetesPreviewer's reads and dry runs (services/policy/preview_kubernetes.py).
+PREVIEWED = {"metadata": {"annotations": {"flotilla.dev/previewed": "1"}}}  # never lands
+DRY_RUNS = [
+    ("dry-run a deployment patch", apps("/checkout-api"), PREVIEWED),
+    ("dry-run a scale", apps("/checkout-api/scale"), {"spec": {"replicas": 1}}),
+    ("dry-run an hpa patch", HPAS.format(TARGET_NAMESPACE) + "/checkout-api", PREVIEWED),
+    ("dry-run a scaledobject patch", SCALED_OBJECTS.format(TARGET_NAMESPACE) + "/checkout-api", PREVIEWED),
+]
+POLICY_READS = [
+    ("get a deployment", "GET", apps("/checkout-api"), None),
+    ("list replicasets (rollback)", "GET", REPLICASETS, None),
+    ("get an hpa", "GET", HPAS.format(TARGET_NAMESPACE) + "/checkout-api", None),
+    ("get a scaledobject", "GET", SCALED_OBJECTS.format(TARGET_NAMESPACE) + "/checkout-api", None),
+]
+DENIED_BY = "flotilla-policy-service-dry-run-only"  # infra/k8s/overlays/production/policy-dry-run-only.yaml
+
+
+def dry_run(cluster: Cluster, token: str, url: str, body: Any) -> httpx.Response:
+    with cluster.client(token) as api:
+        return api.patch(url, params={"dryRun": "All"}, json=body, headers=MERGE)
+
+
+def real_patch(cluster: Cluster, token: str, url: str, body: Any) -> httpx.Response:
+    with cluster.client(token) as api:
+        return api.patch(url, json=body, headers=MERGE)
+
+
+def assert_nothing_previewed_landed(cluster: Cluster) -> None:
+    with cluster.client() as admin:
+        for _, url, body in DRY_RUNS:
+            if body is PREVIEWED:
+                assert "flotilla.dev/previewed" not in (admin.get(url).json()["metadata"].get("annotations") or {})
+
+
+def test_the_policy_service_reads_and_dry_runs_what_a_preview_needs(production: Cluster) -> None:
     token = production.token_for("policy-service", FLEET_NAMESPACE)
-    assert call(production, token, "GET", apps("/checkout-api"), None) == 200
-    tried = [t for t in EXECUTOR_NEEDS + NOT_FOR_ANYONE if t[0] != "get a deployment"]
+    reads = {what: call(production, token, method, url, body) for what, method, url, body in POLICY_READS}
+    assert reads == {what: 200 for what, *_ in POLICY_READS}
+    dry = {what: dry_run(production, token, url, body).status_code for what, url, body in DRY_RUNS}
+    assert dry == {what: 200 for what, *_ in DRY_RUNS}
+    assert_nothing_previewed_landed(production)
+
+
+def test_the_policy_services_real_writes_are_denied_by_the_admission_policy(production: Cluster) -> None:
+    """RBAC allows the patch (a dry run needs the verb); the admission policy denies it
+    unless it is a dry run. The policy needs a moment after it is created to take effect."""
+    token = production.token_for("policy-service", FLEET_NAMESPACE)
+    deadline = time.monotonic() + 30
+    while (answer := real_patch(production, token, *DRY_RUNS[0][1:])).status_code == 200:
+        assert time.monotonic() < deadline, "the admission policy never denied the policy service's real patch"
+        time.sleep(0.5)
+    denied = {what: real_patch(production, token, url, body) for what, url, body in DRY_RUNS}
+    assert {what: a.status_code for what, a in denied.items()} == {what: 403 for what, *_ in DRY_RUNS}
+    assert all(DENIED_BY in a.text and "only dry-run" in a.text for a in denied.values()), answer.text
+    assert_nothing_previewed_landed(production)
+
+
+def test_the_policy_service_gets_403_on_everything_else(production: Cluster) -> None:
+    token = production.token_for("policy-service", FLEET_NAMESPACE)
+    allowed = {what for what, *_ in POLICY_READS} | {
+        "patch a deployment (claim, record, restart, pause, rollback, memory)",
+        "patch the scale",
+        "patch an hpa (raise-ceiling)",
+        "patch a scaledobject (raise-ceiling)",
+    }  # the patches: allowed by RBAC, denied by the admission policy (test above)
+    tried = [t for t in EXECUTOR_NEEDS + NOT_FOR_ANYONE if t[0] not in allowed]
     answers = {what: call(production, token, method, url, body) for what, method, url, body in tried}
     assert answers == {what: 403 for what, *_ in tried}
+
+
+def test_the_admission_policy_leaves_the_executors_writes_alone(production: Cluster) -> None:
+    token = production.token_for("executor", FLEET_NAMESPACE)
+    written = {what: real_patch(production, token, url, body).status_code for what, url, body in DRY_RUNS}
+    assert written == {what: 200 for what, *_ in DRY_RUNS}
