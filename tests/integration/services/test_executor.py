@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from flotilla import actions
-from flotilla.authority import Signer
+from flotilla.authority import Grant, Signer, authorize_command
 from flotilla.bootstrap import ensure_database
 from flotilla.consumer import ConsumerLoop, migrate
 from flotilla.envelope import Envelope
@@ -86,6 +86,7 @@ class FakeTarget:
         self.delay = 0.0  # seconds every apply takes before it acts (a slow target)
         self.lost_answers = 0  # how many of the next applies act, then fail as TargetUnavailable
         self.broken: dict[str, int] = {}
+        self.expected_changes: dict[str, str | None] = {}  # key -> the approved change it was asked to check
         self._lock = threading.Lock()
 
     def _maybe_break(self, idempotency_key: str) -> None:
@@ -108,6 +109,7 @@ class FakeTarget:
         holder: str,
         expected_change: str | None = None,
     ) -> ActionResult:
+        self.expected_changes[idempotency_key] = expected_change
         if self.delay:
             time.sleep(self.delay)
         with self._lock:
@@ -672,6 +674,36 @@ def test_a_scale_command_is_applied_once_with_the_current_epoch_and_reported(
     with psycopg.connect(stack.pg_dsn(DB)) as conn:
         causation = conn.execute("SELECT ce_causationid FROM outbox WHERE aggregateid = %s", (incident,)).fetchone()
     assert causation == (envelope.id,)
+
+
+def test_the_change_a_person_approved_reaches_the_target_and_an_undo_carries_none(
+    stack: StackSettings,
+    serde: AvroSerde,
+    settings: ExecutorSettings,
+    target: FakeTarget,
+    topics: tuple[str, str],
+) -> None:
+    """The authorization's signed expectedChange is what the target is asked to check
+    (its dry run must show that change); the compensation of the step, which no person was
+    shown, carries none."""
+    name, incident, proposal = resource_name(), f"incident-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    approved = "sha256:" + "ab" * 32
+    first = command(commands.SCALE, name, f"{incident}:scale:8", incident=incident, proposal=proposal, replicas=8)
+    second = command(commands.RESTART, name, f"{incident}:restart", incident=incident, proposal=proposal, rolling=True)
+    target.reject.add(second["idempotencyKey"])  # fails, so the scale is undone
+    for kind, value in ((commands.SCALE, first), (commands.RESTART, second)):
+        signed = authorize_command(
+            POLICY_SIGNER, kind, value, decision=Grant.APPROVED, approved_by="alice", proposal_digest="sha256:" + "0" * 64,
+            now=datetime.now(UTC), expected_change=approved,
+        )  # fmt: skip
+        produce_command(stack, serde, topics[0], kind, signed)
+    with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
+        drain(loop, 2)
+    assert target.expected_changes == {
+        first["idempotencyKey"]: approved,
+        second["idempotencyKey"]: approved,
+        first["idempotencyKey"] + ":compensate": None,
+    }
 
 
 def three_scales_in_one_batch(
