@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from flotilla import actions
 from services.executor.targets import KubernetesTarget, StaleFencingToken, TargetRejected
 
 from .conftest import MERGE, TARGET_NAMESPACE, Cluster, apps, deployment
@@ -130,8 +131,9 @@ def test_rollback_restores_the_old_template_and_the_controller_makes_it_the_newe
         "templateHash": new["metadata"]["labels"][HASH],
         "images": [f"app={NEW_IMAGE}"],
     }
-    assert result.after == {
-        "revision": "1",
+    assert result.after == {  # the number the controller gives the restored template (checked below)
+        "revision": "3",
+        "restoredRevision": "1",
         "templateHash": old["metadata"]["labels"][HASH],
         "images": [f"app={OLD_IMAGE}"],
     }
@@ -142,9 +144,27 @@ def test_rollback_restores_the_old_template_and_the_controller_makes_it_the_newe
     # The controller adopts the old ReplicaSet again: renumbered 3, no third ReplicaSet made.
     again = wait_for(production, name, ["2", "3"])
     assert again[-1]["metadata"]["uid"] == old["metadata"]["uid"]
+    assert again[-1]["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == result.after["revision"]
     assert images(again[-1]["spec"]["template"]) == [f"app={OLD_IMAGE}"]
     annotations = live(production, name)["metadata"]["annotations"]
     assert annotations[KubernetesTarget.TOKEN] == "3" and KubernetesTarget.LAST_KEY in annotations
+
+
+def test_a_rollback_is_undone_by_the_compensation_its_kind_derives(
+    production: Cluster, executor_token: str, released: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """The saga's undo of a rollback (flotilla.actions.rollback) names the revision the
+    controller renumbered the restored template to, so rolling forward again is accepted."""
+    name, (old, new) = released
+    with target(production, executor_token) as k8s:
+        result = rollback(k8s, name, plan([old, new]))
+        wait_for(production, name, ["2", "3"])
+        undo = actions.by_action("rollback").undo(name, {}, result.before, result.after)
+        assert undo.params is not None
+        forward = rollback(k8s, name, dict(undo.params))
+    assert forward.before["revision"] == "3" and forward.after["restoredRevision"] == "2"
+    assert images(live(production, name)["spec"]["template"]) == [f"app={NEW_IMAGE}"]
+    wait_for(production, name, ["3", "4"])
 
 
 def test_the_same_key_twice_rolls_back_once(

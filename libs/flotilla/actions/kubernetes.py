@@ -528,7 +528,16 @@ def _rollback(at: _Read, params: Mapping[str, Any]) -> PlannedWrite:
             f"{', '.join(params['toImages'])} as the plan says"
         )
     before = {"revision": from_revision, "templateHash": _hash(running), "images": images_of(current)}
-    after = {"revision": params["toRevision"], "templateHash": _hash(wanted), "images": images}
+    # The controller takes the restored template's ReplicaSet back as the newest revision
+    # (the highest owned number + 1): recorded as such, so that undoing this rollback names
+    # the revision the Deployment will then run (the hash is the identity either way).
+    renumbered = str(max((_revision_number(rs) for rs in owned), default=0) + 1)
+    after = {
+        "revision": renumbered,
+        "restoredRevision": params["toRevision"],
+        "templateHash": _hash(wanted),
+        "images": images,
+    }
     ops = [{"op": "replace", "path": "/spec/template", "value": _unhashed(wanted["spec"]["template"])}]
     return at.write(ops, JSON_PATCH, before, after)
 

@@ -35,6 +35,8 @@ def _describe(where: str, params: Mapping[str, Any]) -> str:
 
 def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     text = f"{name} moved from {before.get('revision', '?')} to {after.get('revision', '?')}"
+    if after.get("restoredRevision") not in (None, after.get("revision")):
+        text += f" (revision {after['restoredRevision']}'s template, renumbered)"
     if before.get("images") or after.get("images"):
         text += f" ({_images(before.get('images'))} → {_images(after.get('images'))})"
     return text

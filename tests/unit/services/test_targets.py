@@ -742,7 +742,9 @@ def test_the_executor_role_grants_exactly_what_the_target_calls(
     kube.apply("pause", PROD_CHECKOUT, {"paused": True}, "incident-3:pause", 4, "a")
     kube.apply("pause", PROD_CHECKOUT, {"paused": False}, "incident-3:resume", 4, "a")
     rollback = {"toRevision": "1", "fromRevision": "2", "toImages": [f"app={CHECKOUT}:1"]}
-    assert kube.apply("rollback", PROD_CHECKOUT, rollback, "incident-3:rollback", 4, "a").after["revision"] == "1"
+    rolled = kube.apply("rollback", PROD_CHECKOUT, rollback, "incident-3:rollback", 4, "a").after
+    # revision 1's template, which the controller takes back as revision 3 (the highest owned + 1)
+    assert (rolled["revision"], rolled["restoredRevision"]) == ("3", "1")
     kube.apply("restart", PROD_CHECKOUT, {"rolling": True}, "incident-3:restart", 4, "a")
     for kind, before in (("HorizontalPodAutoscaler", 4), ("ScaledObject", 3)):
         params = {"autoscalerKind": kind, "autoscaler": CHECKOUT, "fromMaxReplicas": before, "maxReplicas": 6}
