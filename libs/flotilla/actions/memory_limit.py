@@ -11,30 +11,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from flotilla.actions.quantity import format_bytes
 from flotilla.actions.spec import ActionSpec, Param, ParamType, Reversal
-
-_UNITS = (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
-
-
-def quantity(size: int) -> str:
-    """Bytes as the largest exact binary unit, e.g. 536870912 → ``512Mi``."""
-    for unit, factor in _UNITS:
-        if size and size % factor == 0:
-            return f"{size // factor}{unit}"
-    return str(size)
 
 
 def _describe(where: str, params: Mapping[str, Any]) -> str:
     return (
         f"raise the memory limit of container {params['container']} of {where}"
-        f" from {quantity(params['fromMemoryLimitBytes'])} to {quantity(params['memoryLimitBytes'])}"
+        f" from {format_bytes(params['fromMemoryLimitBytes'])} to {format_bytes(params['memoryLimitBytes'])}"
     )
 
 
 def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     def shown(state: Mapping[str, Any]) -> str:
         size = state.get("memoryLimitBytes")
-        return quantity(int(size)) if isinstance(size, int) else "?"
+        return format_bytes(int(size)) if isinstance(size, int) else "?"
 
     return (
         f"{name}'s container {params.get('container', '?')} memory limit moved from {shown(before)} to {shown(after)}"
@@ -44,7 +35,7 @@ def _outcome(name: str, params: Mapping[str, Any], before: Mapping[str, Any], af
 def _undo(name: str, params: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> Reversal:
     """Left raised: a lower limit is the one the pods were killed at; a person lowers it
     (targets refuse to lower one anyway: this kind only raises)."""
-    limit = quantity(int(params["memoryLimitBytes"]))
+    limit = format_bytes(int(params["memoryLimitBytes"]))
     return Reversal(None, f"the memory limit of {name}'s {params['container']} stays at {limit}: a person may lower it")
 
 

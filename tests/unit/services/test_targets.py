@@ -26,7 +26,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from flotilla.actions import Change
-from flotilla.actions.kubernetes import format_bytes, parse_bytes, planned_write
+from flotilla.actions.kubernetes import planned_write
+from flotilla.actions.quantity import format_bytes, parse_bytes
 from services.executor.namespaces import NamespaceMapError
 from services.executor.settings import ExecutorSettings
 from services.executor.targets import (
