@@ -32,7 +32,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ACTIONS = ("scale", "restart", "rollback", "failover", "pause", "raise-ceiling", "raise-memory")
+from flotilla import actions
+
+ACTIONS = tuple(spec.action for spec in actions.SPECS)  # every kind; UNMODELLED ones are refused
 # rollback-forbidden is no slowness: it marks the release running when it is raised as one
 # that cannot be undone (the sim's flotilla.dev/rollback-forbidden annotation), for as long
 # as that release runs and the fault is not cleared.
@@ -143,17 +145,11 @@ def _touched_by(fault: Fault) -> set[str]:
     return {fault.service} | ({fault.dependency} if fault.dependency is not None else set())
 
 
-# Each action's params: (required, optional). A rollback's optional ones are the contract's
-# nullable fields (a record older than them carries only toRevision, and is refused).
+# Each action's params: (required, optional), from the kinds' one definition. A rollback's
+# optional ones are the contract's nullable fields (a record older than them carries only
+# toRevision, and is refused).
 _PARAMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "scale": (frozenset({"replicas"}), frozenset()),
-    "restart": (frozenset({"rolling"}), frozenset()),
-    "rollback": (
-        frozenset({"toRevision"}),
-        frozenset({"fromRevision", "fromTemplateHash", "toTemplateHash", "fromImages", "toImages"}),
-    ),
-    "failover": (frozenset({"dependency", "toTarget"}), frozenset()),
-    "pause": (frozenset({"paused"}), frozenset()),
+    spec.action: (spec.required, frozenset(spec.fields) - spec.required) for spec in actions.SPECS
 }
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "MAX_REPLICAS_CEILING",
     "RESTARTED_AT",
     "ROLLBACK_FORBIDDEN",
+    "WRITES",
     "Autoscaler",
     "PlannedWrite",
     "Read",
@@ -616,6 +617,8 @@ _PLANS: dict[str, Callable[[_Read, Mapping[str, Any]], PlannedWrite]] = {
     "raise-ceiling": _raise_ceiling,
     "raise-memory": _raise_memory,
 }
+# The actions with a write, in the order a refusal lists them.
+WRITES = tuple(sorted(_PLANS))
 # What Kubernetes has no write for, and why.
 NO_WRITE = {"failover": "a dependency's failover target is application or mesh configuration, not a Deployment"}
 

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from flotilla.actions.kubernetes import NO_WRITE, PlannedWrite, Refused, checked, planned_write
+from flotilla.actions.kubernetes import NO_WRITE, WRITES, PlannedWrite, Refused, checked, planned_write
 from services.executor.namespaces import EnvironmentNamespaces, OutsideTheMap, Placement
 from services.executor.targets.base import (
     ActionResult,
@@ -257,8 +257,7 @@ class KubernetesTarget:
 
     # -- the write -------------------------------------------------------------------
 
-    # The actions with a write, in the order a refusal lists them.
-    WRITES: ClassVar[tuple[str, ...]] = ("pause", "raise-ceiling", "raise-memory", "restart", "rollback", "scale")
+    WRITES: ClassVar[tuple[str, ...]] = WRITES  # the actions with a write (the planning module's)
 
     def _act(self, step: Step, write: PlannedWrite, expected_change: str | None) -> ActionResult:
         """One attempt: the planned write with the token, the record and the
