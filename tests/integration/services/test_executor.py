@@ -693,9 +693,15 @@ def test_the_change_a_person_approved_reaches_the_target_and_an_undo_carries_non
     target.reject.add(second["idempotencyKey"])  # fails, so the scale is undone
     for kind, value in ((commands.SCALE, first), (commands.RESTART, second)):
         signed = authorize_command(
-            POLICY_SIGNER, kind, value, decision=Grant.APPROVED, approved_by="alice", proposal_digest="sha256:" + "0" * 64,
-            now=datetime.now(UTC), expected_change=approved,
-        )  # fmt: skip
+            POLICY_SIGNER,
+            kind,
+            value,
+            decision=Grant.APPROVED,
+            approved_by="alice",
+            proposal_digest="sha256:" + "0" * 64,
+            now=datetime.now(UTC),
+            expected_change=approved,
+        )
         produce_command(stack, serde, topics[0], kind, signed)
     with executor_loop(settings, target, topics, group=f"it-exec-{uuid.uuid4().hex[:8]}") as (loop, _):
         drain(loop, 2)
