@@ -124,8 +124,9 @@ cluster-up: $(STAMP) ## Start a one-node Kubernetes cluster that runs pods, in n
 cluster-down: $(STAMP) ## Stop the one-node cluster and remove every trace of it from the machine
 	@$(PY) infra/k8s/cluster/clusterctl.py down
 
-test-cluster: $(STAMP) ## Only the cluster lane: pods of images built here, Service DNS, logs, port-forward, a clean teardown
+test-cluster: $(STAMP) ## Only the cluster lane: the base (pods, Service DNS, logs, port-forward, a clean teardown), the workload and its faults, the fleet deployed by its own manifests
 	@$(PY) infra/k8s/cluster/clusterctl.py build
+	@$(PY) infra/k8s/cluster/workload/workload.py build
 	$(VENV)/bin/pytest tests/cluster -s $(PYTEST_ARGS)
 
 test-integration: $(STAMP) ## Only the tests on the real stack
