@@ -285,7 +285,7 @@ def test_a_leak_is_killed_at_the_memory_limit_and_seen_as_oomkilled(reset: Clust
     )
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_a_dependency_scaled_to_zero_fails_its_callers(reset: Cluster) -> None:
     shop = reset
     faults.dependency_down("payments", shop.paths)
@@ -303,7 +303,7 @@ def test_a_dependency_scaled_to_zero_fails_its_callers(reset: Cluster) -> None:
         lambda: _query(
             shop, 'http_server_request_duration_seconds_count{service_name="checkout", http_response_status_code="502"}'
         ),
-        30,
+        60,  # a 5 s scrape, DNS discovery of the pods and a busy machine: 30 s was once too short
     )
 
 

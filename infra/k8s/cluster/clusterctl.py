@@ -750,11 +750,15 @@ def cgroup_folders() -> list[Path]:
 
 
 def cgroup_pids() -> set[int]:
+    """Every process in the cluster's cgroups. The kubelet and containerd remove a pod's
+    folders while this walks them (a teardown races them), so a folder gone between its
+    listing and its reading is skipped (os.walk ignores it), never an error."""
     pids: set[int] = set()
     for root in cgroup_folders():
-        for procs in root.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in procs.read_text().split())
+        for folder, _, files in os.walk(root):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(p) for p in (Path(folder) / "cgroup.procs").read_text().split())
     return pids
 
 

@@ -295,7 +295,16 @@ def reset(paths: Any = clusterctl.PATHS, *, timeout: float = 120) -> None:
         for d in yaml.safe_load_all((HERE / "shop.yaml").read_text())
         if d["kind"] in ("Deployment", "HorizontalPodAutoscaler")
     ]
-    kubectl("replace", "-f", "-", input=yaml.safe_dump_all(documents), paths=paths)
+    # A controller (the HPA, the Deployment controller's status) may write between the read
+    # replace makes and its write: a conflict is that, and the replace is made again.
+    for attempt in range(5):
+        try:
+            kubectl("replace", "-f", "-", input=yaml.safe_dump_all(documents), paths=paths)
+            break
+        except clusterctl.ClusterError as error:
+            if "Conflict" not in str(error) or attempt == 4:
+                raise
+            time.sleep(1)
     wait_available(SHOP_NAMESPACE, SHOP_DEPLOYMENTS, paths, timeout)
 
 
