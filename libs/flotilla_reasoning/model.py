@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from flotilla_evidence.model import ServiceView, Topology
+from flotilla_evidence.model import RevisionFacts, ServiceView, Topology
 
 from flotilla import records
 from flotilla.actions import Action
@@ -32,6 +32,7 @@ __all__ = [
     "TokenUsage",
     "Topology",
     "Verdict",
+    "rollback_params",
 ]
 
 
@@ -159,6 +160,19 @@ class Diagnosis:
     job_kind: str | None = None  # NEEDS_EVIDENCE: which slow job to run
     event_id: str | None = None  # the record's eventId, once it is one
     environment: str | None = None  # the service's (None from a record older than the field)
+
+
+def rollback_params(running: RevisionFacts, candidate: RevisionFacts) -> dict[str, Any]:
+    """A rollback step's params from the evidence: back from the running revision to the
+    candidate, each named by its revision, pod-template hash and images."""
+    return {
+        "toRevision": candidate.revision,
+        "fromRevision": running.revision,
+        "fromTemplateHash": running.template_hash,
+        "toTemplateHash": candidate.template_hash,
+        "fromImages": list(running.images),
+        "toImages": list(candidate.images),
+    }
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from flotilla_reasoning.model import (
     ServiceView,
     Topology,
     Verdict,
+    rollback_params,
 )
 from flotilla_reasoning.settings import AgentSettings, Strategy
 
@@ -553,16 +554,7 @@ class RulesReasoner:
             )
         if service.paused:
             raise refuse("its rollout is paused: a rollback waits for someone to resume it")
-        step = self._step(
-            Action.ROLLBACK,
-            service,
-            toRevision=candidate.revision,
-            fromRevision=running.revision,
-            fromTemplateHash=running.template_hash,
-            toTemplateHash=candidate.template_hash,
-            fromImages=list(running.images),
-            toImages=list(candidate.images),
-        )
+        step = self._step(Action.ROLLBACK, service, **rollback_params(running, candidate))
         summary = f"Roll {name} back from {service.revision} to {previous}, the revision it " + (
             "last ran healthy on." if healthy is not None else "ran before the running one."
         )

@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from flotilla_reasoning.model import Action, PlannedStep, Proposal, Topology
+from flotilla_reasoning.model import Action, PlannedStep, Proposal, Topology, rollback_params
 
 from flotilla import actions
 from flotilla.commands import idempotency_key
@@ -71,14 +71,7 @@ def _rollback_with_facts(step: PlannedStep, topology: Topology) -> PlannedStep:
             f"{where}: revision {step.params.get('toRevision')!r} is not the one the evidence shows before "
             f"{running.revision} ({candidate.revision})"
         )
-    facts = {
-        "toRevision": candidate.revision,
-        "fromRevision": running.revision,
-        "fromTemplateHash": running.template_hash,
-        "toTemplateHash": candidate.template_hash,
-        "fromImages": list(running.images),
-        "toImages": list(candidate.images),
-    }
+    facts = rollback_params(running, candidate)
     given = {k: v for k, v in step.params.items() if v not in (None, [], ())}
     clashing = sorted(k for k, v in given.items() if k in facts and facts[k] != v)
     if clashing:
